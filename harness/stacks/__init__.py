@@ -1,0 +1,60 @@
+"""Stacks: how to build one training cell of a library, and where its MaxSim call site is.
+
+A stack module knows its model, data, trainer and call site, and nothing about measuring: the
+cell runner (``harness.cell``) does the measuring for every stack alike. Each stack module
+exposes ``STACK``, an object with the :class:`Stack` interface.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from harness.ops import MaxSimOp
+
+if TYPE_CHECKING:
+    from harness.cell import CellParams
+
+STACK_MODULES = {"colpali": "harness.stacks.colpali", "pylate": "harness.stacks.pylate"}
+
+
+@dataclasses.dataclass
+class BuiltCell:
+    """A ready-to-train cell: the library's trainer and the call site to wrap."""
+
+    trainer: Any  # a transformers.Trainer (or subclass): has add_callback() and train()
+    call_site_owner: object
+    call_site_attribute: str
+    samples_per_step: int
+    model_source: str
+    data_source: str
+
+
+class Stack(Protocol):
+    name: str
+    regimes: tuple[str, ...]
+    presets: tuple[str, ...]
+    op: MaxSimOp
+
+    def build(self, params: "CellParams", device: torch.device) -> BuiltCell:
+        """Model, data and trainer for ``params``, with the variant's backend switched on strictly."""
+
+
+class StackUnavailable(RuntimeError):
+    pass
+
+
+def load_stack(name: str) -> Stack:
+    if name not in STACK_MODULES:
+        raise ValueError(f"unknown stack {name!r}; choose one of {sorted(STACK_MODULES)}.")
+    try:
+        module = importlib.import_module(STACK_MODULES[name])
+    except ImportError as error:
+        raise StackUnavailable(
+            f"the {name} stack cannot be loaded ({error}); run it in the {name} environment "
+            f"(python tools/envs.py create {name})."
+        ) from error
+    return module.STACK

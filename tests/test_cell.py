@@ -1,0 +1,116 @@
+"""The cell runner on CPU through a real transformers.Trainer (the toy stack in toy_stack.py)."""
+
+import pytest
+import torch
+
+from harness import backends
+from harness.cell import CellError, CellParams, main, run_cell, validate
+from harness.memory import MIB
+from harness.results import load_result
+from toy_stack import DIM, DOC_LENGTH, OOM_MESSAGE, QUERY_LENGTH, ToyStack
+
+
+def params(tmp_path, **overrides):
+    fields = dict(stack="toy", regime="plain", batch_size=4, steps=3, preset="tiny", device="cpu",
+                  output=tmp_path / "cell.json")  # fmt: skip
+    fields.update(overrides)
+    return CellParams(**fields)
+
+
+def test_a_cell_trains_records_every_call_and_replays_its_shape(tmp_path):
+    result = run_cell(params(tmp_path), ToyStack())
+    assert result.outcome == "ok"
+    assert len(result.step_times_sec) == 3 and result.steady_steps == [1, 2]
+    assert result.samples_per_sec == pytest.approx(4 / result.steady_step_time_sec)
+    # one MaxSim call per step, each with the real shapes, tagged with its step
+    assert [c.step for c in result.maxsim_calls_in_train] == [0, 1, 2]
+    for call in result.maxsim_calls_in_train:
+        assert (call.query_shape, call.doc_shape, call.dtype) == ([4, QUERY_LENGTH, DIM], [4, DOC_LENGTH, DIM], "float32")
+        # in train the head holds the grid, amax and scores plus the small loss tensors ([B, B] and scalars)
+        extra = round((call.saved_for_backward_mib - call.predicted_saved_for_backward_mib) * MIB)
+        assert 0 <= extra <= 4 * 4 * 4 * 4
+    # the one distinct shape is replayed in isolation, exactly as predicted
+    (isolated,) = result.maxsim_calls_isolated
+    grid = 4 * 4 * QUERY_LENGTH * DOC_LENGTH * 4
+    assert round(isolated.saved_for_backward_mib * MIB) == grid + 4 * 4 * QUERY_LENGTH * 4 + 4 * 4 * 4
+    assert result.step_peak_alloc_mib >= isolated.saved_for_backward_mib
+    assert result.step_peak_reserved_mib == result.step_peak_alloc_mib  # no caching allocator on CPU
+    assert result.env.seed == 42 and result.env.packages["torch"] and result.env.model_source == "toy:random"
+    assert load_result(tmp_path / "cell.json") == result
+
+
+def test_an_oom_inside_the_op_is_an_outcome_with_its_message_and_replays_still_run(tmp_path):
+    result = run_cell(params(tmp_path), ToyStack(oom_in_head_at_step=1))
+    assert result.outcome == "oom" and result.oom_where == "maxsim"
+    assert result.oom_message == OOM_MESSAGE.splitlines()[0]
+    first, failed = result.maxsim_calls_in_train
+    assert not first.oom_in_forward and failed.oom_in_forward and failed.oom_message == result.oom_message
+    assert failed.saved_for_backward_mib is None
+    assert len(result.step_times_sec) == 1  # the step that died has no time
+    assert result.pre_oom_alloc_mib == result.step_peak_alloc_mib > 0
+    assert len(result.maxsim_calls_isolated) == 1 and not result.maxsim_calls_isolated[0].oom_in_replay
+    assert load_result(tmp_path / "cell.json").outcome == "oom"
+
+
+def test_an_oom_outside_the_op_is_recorded_as_elsewhere(tmp_path):
+    result = run_cell(params(tmp_path), ToyStack(oom_in_encoder_at_step=2))
+    assert result.outcome == "oom" and result.oom_where == "elsewhere"
+    assert [c.oom_in_forward for c in result.maxsim_calls_in_train] == [False, False]
+    assert len(result.step_times_sec) == 2
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(batch_size=0), "greater than 0"),
+        (dict(steps=0), "greater than 0"),
+        (dict(variant="fast"), "unknown variant 'fast'"),
+        (dict(card="h300"), "unknown card 'h300'"),
+        (dict(score_mini_batch_size=0), "greater than 0"),
+    ],
+)
+def test_bad_parameters_fail_at_construction(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        params(tmp_path, **overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides, error, message",
+    [
+        (dict(regime="ckpt"), CellError, "unknown regime 'ckpt'"),
+        (dict(preset="full"), CellError, "unknown preset 'full'"),
+        (dict(card="h100-80gb"), CellError, "needs a CUDA device"),
+        (dict(score_mini_batch_size=64), CellError, "PyLate's chunking"),
+        (dict(variant="lik"), backends.BackendUnavailable, "lik"),
+        (dict(variant="flash"), ValueError, "unknown variant 'flash' for the colpali MaxSim op"),
+    ],
+)
+def test_cells_that_cannot_run_are_refused_before_anything_is_built(tmp_path, overrides, error, message):
+    stack = ToyStack()
+    with pytest.raises(error, match=message):
+        run_cell(params(tmp_path, **overrides), stack)
+    assert stack.builds == 0 and not (tmp_path / "cell.json").exists()
+
+
+def test_an_unwritable_output_is_refused_before_training(tmp_path):
+    stack = ToyStack()
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(CellError, match="is a directory"):
+        validate(params(tmp_path, output=tmp_path / "taken"), stack)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CellError, match="cannot write the result"):
+        validate(params(tmp_path, output=tmp_path / "file" / "cell.json"), stack)
+    assert stack.builds == 0
+
+
+def test_cuda_is_refused_clearly_on_a_cpu_host(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA")
+    with pytest.raises(CellError, match="no CUDA device is visible"):
+        validate(params(tmp_path, device="cuda"), ToyStack())
+
+
+def test_the_command_line_reports_a_bad_cell_and_exits_2(tmp_path, capsys):
+    code = main(["--stack", "pylate", "--regime", "plain", "--batch-size", "-1", "--output", str(tmp_path / "x.json")])
+    assert code == 2
+    assert "greater than 0" in capsys.readouterr().err

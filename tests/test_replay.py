@@ -1,0 +1,119 @@
+import pytest
+import torch
+
+from harness import backends
+from harness.memory import MIB, CpuMemoryProbe
+from harness.ops import ColpaliInBatchMaxSim, OpShape, PylateColbertScores, op_for
+from harness.replay import main as replay_main
+from harness.replay import replay_call, replay_shapes
+
+COLPALI = ColpaliInBatchMaxSim()
+PYLATE = PylateColbertScores()
+
+
+def replay(op, shape, variant="vanilla"):
+    probe = CpuMemoryProbe()
+    with probe:
+        return replay_call(op, shape, variant, probe)
+
+
+def as_bytes(mib):
+    return round(mib * MIB)
+
+
+def test_colpali_vanilla_holds_grid_plus_amax_plus_scores_to_the_byte():
+    bq, lq, bd, ld, dim = 8, 13, 6, 40, 32
+    record = replay(COLPALI, OpShape((bq, lq, dim), (bd, ld, dim), "float32"))
+    grid, amax, scores = bq * bd * lq * ld * 4, bq * bd * lq * 4, bq * bd * 4
+    assert as_bytes(record.saved_for_backward_mib) == grid + amax + scores == 102_528
+    assert as_bytes(record.forward_transient_peak_mib) == grid + amax + scores
+    assert record.predicted_saved_for_backward_mib == record.saved_for_backward_mib
+    assert record.predicted_grid_mib * MIB == grid
+    # backward materialises at least one grid-sized gradient on top of what is held
+    assert as_bytes(record.backward_transient_peak_mib) >= grid
+    assert record.oom_in_replay is False and record.entry_point_calls is None
+
+
+def test_colpali_vanilla_held_scales_with_the_square_of_the_batch():
+    small = replay(COLPALI, OpShape((4, 8, 16), (4, 30, 16), "float32"))
+    large = replay(COLPALI, OpShape((8, 8, 16), (8, 30, 16), "float32"))
+    assert large.saved_for_backward_mib == pytest.approx(4 * small.saved_for_backward_mib)
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3])
+@pytest.mark.parametrize("query_mask", [False, True])
+def test_pylate_per_slot_forward_transient_matches_its_formula(slots, query_mask):
+    bq, lq, bd, ld, dim = 5, 7, 4, 24, 16
+    shape = OpShape(
+        (bq, lq, dim), (bd, slots, ld, dim), "float32",
+        query_mask_shape=(bq, lq) if query_mask else None, doc_mask_shape=(bd, slots, ld),
+    )  # fmt: skip
+    record = replay(PYLATE, shape)
+    slot_grid = bq * bd * lq * ld * 4
+    doc_copy = bd * ld * dim * 4 if slots > 1 else 0  # a non-contiguous slot is copied for the matmul
+    kept = doc_copy + bq * bd * lq * 8 + bq * bd * 4  # + int64 max indices + slot scores
+    assert as_bytes(record.forward_transient_peak_mib) == 2 * slot_grid + doc_copy + (slots - 1) * kept
+    assert as_bytes(record.saved_for_backward_mib) == slots * (doc_copy + bq * bd * lq * 8) + bq * bd * slots * 4
+    assert record.predicted_forward_transient_mib == record.forward_transient_peak_mib
+    assert record.predicted_saved_for_backward_mib == record.saved_for_backward_mib
+
+
+def test_pylate_scores_are_query_major_and_respect_the_doc_mask():
+    generator = torch.Generator().manual_seed(0)
+    shape = OpShape((3, 4, 8), (2, 2, 5, 8), "float32", doc_mask_shape=(2, 2, 5))
+    inputs = PYLATE.make_inputs(shape, torch.device("cpu"), generator)
+    inputs["doc_mask"][1, 0, 3:] = False
+    scores = PYLATE.forward("vanilla", inputs)
+    assert scores.shape == (3, 4)
+    q, d, m = inputs["query"], inputs["doc"], inputs["doc_mask"]
+    expected = (torch.einsum("sh,th->st", q[2], d[1, 0]) * m[1, 0]).max(-1).values.sum()
+    assert torch.allclose(scores[2, 1 * 2 + 0], expected)
+
+
+@pytest.mark.parametrize("op,variant", [(COLPALI, "lik"), (PYLATE, "lik"), (PYLATE, "flash")])
+def test_fused_variants_are_refused_on_cpu_never_replaced(op, variant):
+    shape = OpShape((2, 4, 16), (2, 8, 16) if op is COLPALI else (2, 2, 8, 16), "float32")
+    installed = backends.installed_version(backends.BACKENDS[variant].package) is not None
+    expected = "never replaced by a fallback" if installed else "is not installed"
+    with pytest.raises(backends.BackendUnavailable, match=expected):
+        replay(op, shape, variant)
+
+
+def test_unknown_and_unsupported_variants_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown variant 'fast'"):
+        backends.check_supported("fast", "colpali")
+    with pytest.raises(ValueError, match="not available for the colpali stack"):
+        backends.check_supported("flash", "colpali")
+    with pytest.raises(ValueError, match="unknown variant 'flash' for the colpali MaxSim op"):
+        replay(COLPALI, OpShape((2, 4, 16), (2, 8, 16), "float32"), "flash")
+    with pytest.raises(ValueError, match="unknown stack"):
+        op_for("colbert")
+
+
+def test_an_oom_in_replay_is_a_recorded_marker(monkeypatch):
+    def explode(variant, inputs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.81 GiB.\nmore detail")
+
+    monkeypatch.setattr(COLPALI, "forward", explode)
+    record = replay(COLPALI, OpShape((2, 4, 16), (2, 8, 16), "float32"))
+    assert record.oom_in_replay and record.oom_message == "CUDA out of memory. Tried to allocate 7.81 GiB."
+    assert record.saved_for_backward_mib is None and record.predicted_grid_mib > 0
+
+
+def test_replay_shapes_replays_each_distinct_shape_once():
+    a = OpShape((2, 4, 16), (2, 8, 16), "float32")
+    b = OpShape((2, 5, 16), (2, 8, 16), "float32")
+    probe = CpuMemoryProbe()
+    records = replay_shapes(COLPALI, [a, b, a, a], "vanilla", probe)
+    assert [r.query_shape for r in records] == [[2, 4, 16], [2, 5, 16]]
+    assert [r.call_index for r in records] == [0, 1]
+
+
+def test_replay_command_line(tmp_path, capsys):
+    output = tmp_path / "replay.json"
+    code = replay_main(
+        ["--stack", "pylate", "--query-shape", "4,8,16", "--doc-shape", "4,2,30,16", "--device", "cpu", "--output", str(output)]
+    )
+    assert code == 0
+    assert "vanilla" in capsys.readouterr().out
+    assert '"doc_mask_shape": [\n        4,\n        2,\n        30\n      ]' in output.read_text()

@@ -1,0 +1,120 @@
+"""A tiny stack for CPU tests of the cell runner: a real transformers.Trainer, a toy two-tower
+encoder and colpali-engine's in-batch MaxSim as the loss head (the wrapped call site).
+
+It can be told to raise ``torch.OutOfMemoryError`` inside the MaxSim head or in the encoder at a
+given step, to exercise OOM-as-outcome without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+
+import torch
+from torch import nn
+from transformers import Trainer, TrainingArguments
+
+from harness.ops import ColpaliInBatchMaxSim
+from harness.stacks import BuiltCell
+
+QUERY_LENGTH, DOC_LENGTH, DIM, VOCAB = 6, 20, 16, 50
+OOM_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 56.25 GiB. GPU 0 has a total capacity of 79.19 GiB\n"
+    "Of the allocated memory 40.00 GiB is allocated by PyTorch"
+)
+
+
+class ToyEncoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 32)
+        self.proj = nn.Linear(32, DIM, bias=False)
+        self.oom_at_step: int | None = None
+        self.step = 0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.oom_at_step is not None and self.step == self.oom_at_step:
+            raise torch.OutOfMemoryError(OOM_MESSAGE)
+        return nn.functional.normalize(self.proj(self.embed(ids)), dim=-1)
+
+
+class MaxSimHead(nn.Module):
+    """Pairwise in-batch loss on colpali-engine's vanilla scores: forward(query, doc) is the call site."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.oom_at_step: int | None = None
+        self.step = 0
+
+    def forward(self, query_embeddings: torch.Tensor, doc_embeddings: torch.Tensor) -> torch.Tensor:
+        if self.oom_at_step is not None and self.step == self.oom_at_step:
+            raise torch.OutOfMemoryError(OOM_MESSAGE)
+        scores = torch.einsum("bnd,csd->bcns", query_embeddings, doc_embeddings).amax(dim=3).sum(dim=2)
+        return nn.functional.cross_entropy(scores, torch.arange(scores.shape[0]))
+
+
+class ToyTrainer(Trainer):
+    def __init__(self, *args, head: MaxSimHead, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.head = head
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # type: ignore[no-untyped-def]
+        query = model(inputs["query_ids"])
+        doc = model(inputs["doc_ids"])
+        loss = self.head(query, doc)
+        model.step += 1
+        self.head.step += 1
+        return loss
+
+
+@dataclasses.dataclass
+class ToyStack:
+    """Implements harness.stacks.Stack; ``builds`` counts how often build() ran."""
+
+    oom_in_head_at_step: int | None = None
+    oom_in_encoder_at_step: int | None = None
+    name: str = "toy"
+    regimes: tuple[str, ...] = ("plain",)
+    presets: tuple[str, ...] = ("tiny",)
+    op: ColpaliInBatchMaxSim = dataclasses.field(default_factory=ColpaliInBatchMaxSim)
+    builds: int = 0
+
+    def build(self, params, device):  # type: ignore[no-untyped-def]
+        self.builds += 1
+        torch.manual_seed(params.seed)
+        generator = torch.Generator().manual_seed(params.seed)
+        n_rows = params.batch_size * params.steps
+        rows = [
+            {
+                "query_ids": torch.randint(0, VOCAB, (QUERY_LENGTH,), generator=generator),
+                "doc_ids": torch.randint(0, VOCAB, (DOC_LENGTH,), generator=generator),
+            }
+            for _ in range(n_rows)
+        ]
+        encoder, head = ToyEncoder(), MaxSimHead()
+        encoder.oom_at_step = self.oom_in_encoder_at_step
+        head.oom_at_step = self.oom_in_head_at_step
+        args = TrainingArguments(
+            output_dir=tempfile.mkdtemp(prefix="toy-trainer-"),
+            max_steps=params.steps,
+            per_device_train_batch_size=params.batch_size,
+            learning_rate=1e-3,
+            use_cpu=device.type == "cpu",
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            remove_unused_columns=False,
+            dataloader_num_workers=0,
+            seed=params.seed,
+            data_seed=params.seed,
+            disable_tqdm=True,
+        )
+        trainer = ToyTrainer(model=encoder, args=args, train_dataset=rows, head=head)
+        return BuiltCell(
+            trainer=trainer,
+            call_site_owner=head,
+            call_site_attribute="forward",
+            samples_per_step=params.batch_size,
+            model_source="toy:random",
+            data_source="toy:random-ids",
+        )
