@@ -147,6 +147,17 @@ def load_result(path: str | os.PathLike[str]) -> CellResult:
         raise ResultError(f"{path} is not a valid cell result (schema {SCHEMA_VERSION}):\n{error}") from None
 
 
+RESULTS_DIR_VARIABLE = "MAXSIM_RESULTS_DIR"
+
+
+def default_results_dir() -> Path:
+    """Where the report reads results: ``$MAXSIM_RESULTS_DIR`` if set, else ``results/`` of this checkout."""
+    override = os.environ.get(RESULTS_DIR_VARIABLE)
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parent.parent / "results"
+
+
 def result_paths(root: str | os.PathLike[str]) -> list[Path]:
     """Every ``*.json`` result under ``root`` (hidden temporaries excluded), sorted."""
     root = Path(root)

@@ -50,7 +50,7 @@ class MaxSimHead(nn.Module):
         if self.oom_at_step is not None and self.step == self.oom_at_step:
             raise torch.OutOfMemoryError(OOM_MESSAGE)
         scores = torch.einsum("bnd,csd->bcns", query_embeddings, doc_embeddings).amax(dim=3).sum(dim=2)
-        return nn.functional.cross_entropy(scores, torch.arange(scores.shape[0]))
+        return nn.functional.cross_entropy(scores, torch.arange(scores.shape[0], device=scores.device))
 
 
 class ToyTrainer(Trainer):

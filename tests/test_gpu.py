@@ -1,0 +1,67 @@
+"""GPU paths: the CUDA probe, fused replays, card emulation and a cell on CUDA. Run on a GPU host:
+``pytest -m gpu`` (skipped where no CUDA device is visible)."""
+
+import pytest
+import torch
+
+from harness import cards
+from harness.cell import CellParams, run_cell
+from harness.memory import MIB, CudaMemoryProbe
+from harness.ops import ColpaliInBatchMaxSim, OpShape, PylateColbertScores
+from harness.replay import replay_shapes
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+COLPALI_SHAPE = OpShape((16, 51, 128), (16, 771, 128), "float32")
+
+
+@pytest.fixture
+def probe():
+    yield CudaMemoryProbe()
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    torch.cuda.empty_cache()
+
+
+def test_vanilla_colpali_replay_on_cuda_holds_its_prediction_within_a_mib(probe):
+    (record,) = replay_shapes(ColpaliInBatchMaxSim(), [COLPALI_SHAPE], "vanilla", probe)
+    assert abs(record.saved_for_backward_mib - record.predicted_saved_for_backward_mib) < 1
+    assert record.backward_transient_peak_mib > record.predicted_grid_mib
+
+
+def test_vanilla_pylate_replay_on_cuda_matches_its_prediction_within_a_mib(probe):
+    shape = OpShape((64, 48, 128), (64, 2, 300, 128), "float32", doc_mask_shape=(64, 2, 300))
+    (record,) = replay_shapes(PylateColbertScores(), [shape], "vanilla", probe)
+    assert abs(record.forward_transient_peak_mib - record.predicted_forward_transient_mib) < 1
+    assert abs(record.saved_for_backward_mib - record.predicted_saved_for_backward_mib) < 1
+
+
+def test_lik_replay_runs_the_fused_kernel_and_holds_no_grid(probe):
+    pytest.importorskip("late_interaction_kernels")
+    (record,) = replay_shapes(ColpaliInBatchMaxSim(), [COLPALI_SHAPE], "lik", probe)
+    assert record.entry_point_calls == 1 and not record.oom_in_replay
+    assert record.saved_for_backward_mib < record.predicted_grid_mib / 10
+
+
+def test_the_emulated_card_turns_an_oversized_grid_into_a_recorded_oom(probe):
+    cap = cards.apply_card(cards.card("h100-80gb"), probe.device)
+    assert cap == int(78.43 * 2**30)
+    huge = OpShape((512, 128, 128), (512, 1024, 128), "float32")  # a 128 GiB grid
+    (record,) = replay_shapes(ColpaliInBatchMaxSim(), [huge], "vanilla", probe)
+    assert record.oom_in_replay and "Tried to allocate 128.00 GiB" in record.oom_message
+    assert "\n" not in record.oom_message
+
+
+def test_a_cell_runs_on_cuda_under_the_emulated_card(tmp_path, probe):
+    from toy_stack import ToyStack
+
+    params = CellParams(stack="toy", regime="plain", batch_size=32, steps=3, preset="tiny", device="cuda",
+                        card="h100-80gb", output=tmp_path / "cell.json")  # fmt: skip
+    result = run_cell(params, ToyStack())
+    assert result.outcome == "ok" and len(result.step_times_sec) == 3
+    assert result.env.card_cap_mib == pytest.approx(78.43 * 1024) and result.env.device_name
+    assert result.step_peak_reserved_mib >= result.step_peak_alloc_mib > 0
+    (isolated,) = result.maxsim_calls_isolated
+    assert abs(isolated.saved_for_backward_mib - isolated.predicted_saved_for_backward_mib) < 1
+    assert MIB * isolated.saved_for_backward_mib > 0
