@@ -113,8 +113,8 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
     """Run one cell and write its result to ``params.output``; returns the result."""
     stack = validate(params, stack)
     started = time.perf_counter()
-    device = torch.device(params.device)
-    probe = probe_for(device)
+    probe = probe_for(params.device)
+    device = probe.device  # with its index resolved (cuda -> cuda:0)
     card_cap = cards.apply_card(cards.card(params.card), device)
 
     ledger = PeakLedger(probe)

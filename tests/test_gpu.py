@@ -30,11 +30,13 @@ def test_vanilla_colpali_replay_on_cuda_holds_its_prediction_within_a_mib(probe)
     assert record.backward_transient_peak_mib > record.predicted_grid_mib
 
 
-def test_vanilla_pylate_replay_on_cuda_matches_its_prediction_within_a_mib(probe):
+def test_vanilla_pylate_replay_on_cuda_matches_its_prediction_within_allocator_rounding(probe):
     shape = OpShape((64, 48, 128), (64, 2, 300, 128), "float32", doc_mask_shape=(64, 2, 300))
     (record,) = replay_shapes(PylateColbertScores(), [shape], "vanilla", probe)
-    assert abs(record.forward_transient_peak_mib - record.predicted_forward_transient_mib) < 1
-    assert abs(record.saved_for_backward_mib - record.predicted_saved_for_backward_mib) < 1
+    # The prediction counts tensor bytes; the caching allocator may hand out a block up to 1 MiB
+    # larger than asked when the rest is too small to split, and this op keeps several blocks live.
+    assert 0 <= record.forward_transient_peak_mib - record.predicted_forward_transient_mib <= 2
+    assert 0 <= record.saved_for_backward_mib - record.predicted_saved_for_backward_mib <= 2
 
 
 def test_lik_replay_runs_the_fused_kernel_and_holds_no_grid(probe):
