@@ -14,7 +14,7 @@ envs: .venvs/pylate/.ready .venvs/colpali/.ready
 
 test: envs
 	$(PYLATE) -m pytest -m "not colpali and not gpu"
-	$(COLPALI) -m pytest -m "colpali and not gpu"
+	$(COLPALI) -m pytest -m "not pylate and not gpu"
 
 report: .venvs/pylate/.ready
 	rm -rf _build
