@@ -199,9 +199,7 @@ def load_results(
             continue
         for kind, calls in (("in_train", result.maxsim_calls_in_train), ("isolated", result.maxsim_calls_isolated)):
             for call in calls:
-                row = cell | {"kind": kind} | call.model_dump()
-                row["variant"] = result.variant
-                rows.append(row)
+                rows.append(cell | {"kind": kind} | call.model_dump())
     frame = pd.DataFrame(rows)
     if frame.empty:
         frame = pd.DataFrame(columns=_CELL_COLUMNS + ["path"])

@@ -9,6 +9,7 @@ from harness.cell import CellParams, run_cell
 from harness.memory import MIB, CudaMemoryProbe
 from harness.ops import ColpaliInBatchMaxSim, OpShape, PylateColbertScores
 from harness.replay import replay_shapes
+from harness.timing import AutotuneWatch
 
 pytestmark = [
     pytest.mark.gpu,
@@ -67,3 +68,11 @@ def test_a_cell_runs_on_cuda_under_the_emulated_card(tmp_path, probe):
     (isolated,) = result.maxsim_calls_isolated
     assert abs(isolated.saved_for_backward_mib - isolated.predicted_saved_for_backward_mib) < 1
     assert MIB * isolated.saved_for_backward_mib > 0
+
+
+def test_the_autotune_watch_sees_a_fused_kernel_tune_for_a_new_shape(probe):
+    pytest.importorskip("late_interaction_kernels")
+    watch = AutotuneWatch()
+    with watch.active():
+        replay_shapes(ColpaliInBatchMaxSim(), [OpShape((48, 37, 128), (48, 333, 128), "float32")], "lik", probe)
+    assert watch.events >= 1
