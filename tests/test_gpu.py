@@ -70,9 +70,14 @@ def test_a_cell_runs_on_cuda_under_the_emulated_card(tmp_path, probe):
     assert MIB * isolated.saved_for_backward_mib > 0
 
 
-def test_the_autotune_watch_sees_a_fused_kernel_tune_for_a_new_shape(probe):
+def test_the_autotune_watch_sees_a_fused_kernel_tune_for_a_new_key(probe):
     pytest.importorskip("late_interaction_kernels")
-    watch = AutotuneWatch()
-    with watch.active():
-        replay_shapes(ColpaliInBatchMaxSim(), [OpShape((48, 37, 128), (48, 333, 128), "float32")], "lik", probe)
-    assert watch.events >= 1
+    # Triton's autotune key includes every tensor argument's dtype: no bf16 lik call ran before
+    # in this process, so this one must tune; the same call again must not.
+    shape = OpShape((48, 37, 128), (48, 333, 128), "bfloat16")
+    first, again = AutotuneWatch(), AutotuneWatch()
+    with first.active():
+        replay_shapes(ColpaliInBatchMaxSim(), [shape], "lik", probe)
+    with again.active():
+        replay_shapes(ColpaliInBatchMaxSim(), [shape], "lik", probe)
+    assert first.events >= 1 and again.events == 0
