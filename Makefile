@@ -8,7 +8,7 @@ TORCH ?= cpu
 
 envs: .venvs/pylate/.ready .venvs/colpali/.ready
 
-.venvs/%/.ready: envs/%/requirements.in envs/%/constraints.txt envs/common.in pyproject.toml
+.venvs/%/.ready: envs/%/requirements.in envs/%/constraints.txt envs/common.in envs/report.in pyproject.toml
 	python3 tools/envs.py create $* --torch $(TORCH)
 	touch $@
 
