@@ -1,0 +1,79 @@
+"""The PyLate stack: GTE-ModernColBERT + Contrastive through SentenceTransformerTrainer.
+
+One cell is built the way PyLate's users train: ``pylate.models.ColBERT``,
+``losses.Contrastive(model, score_mini_batch_size=None|N)``, ``SentenceTransformerTrainer`` with
+``ColBERTCollator(model.tokenize)``, bf16 on CUDA, lr 3e-6, no warm-up, seed = data_seed.
+Regimes: ``plain`` (the canonical recipe) and ``grad-checkpoint`` (non-reentrant gradient
+checkpointing enabled on the HF encoder, the regime where the score grid binds before the
+encoder's activations). The wrapped call site is the loss's ``score_metric``: with chunking each
+query chunk is its own call. The backend is PyLate's own strict switch, ``PYLATE_SCORES_BACKEND``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+
+from harness.ops import PylateColbertScores
+from harness.stacks import BuiltCell, msmarco, pylate_model
+
+BACKEND_SWITCH = {"vanilla": "torch", "lik": "lik", "flash": "flash"}
+LEARNING_RATE = 3e-6
+
+
+class PylateStack:
+    name = "pylate"
+    regimes = ("plain", "grad-checkpoint")
+    presets = tuple(pylate_model.PRESETS)
+    op = PylateColbertScores()
+
+    def build(self, params, device: torch.device) -> BuiltCell:  # type: ignore[no-untyped-def]
+        from pylate import losses, utils
+        from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+        from transformers import set_seed
+
+        # Strict: "torch" / "lik" / "flash" raise rather than fall back (never "auto").
+        os.environ["PYLATE_SCORES_BACKEND"] = BACKEND_SWITCH[params.variant]
+        set_seed(params.seed)
+        model, model_source = pylate_model.load(params.model_source, params.preset, params.seed, str(device))
+        if params.regime == "grad-checkpoint":
+            model[0].auto_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        dataset, data_source = msmarco.load_triplets(params.data_source, params.batch_size * params.steps, params.seed)
+        loss = losses.Contrastive(model=model, score_mini_batch_size=params.score_mini_batch_size)
+        args = SentenceTransformerTrainingArguments(
+            output_dir=tempfile.mkdtemp(prefix="pylate-cell-"),
+            per_device_train_batch_size=params.batch_size,
+            max_steps=params.steps,
+            learning_rate=LEARNING_RATE,
+            warmup_steps=0,
+            bf16=device.type == "cuda",
+            use_cpu=device.type == "cpu",
+            seed=params.seed,
+            data_seed=params.seed,
+            save_strategy="no",
+            eval_strategy="no",
+            logging_strategy="no",
+            report_to=[],
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+        )
+        trainer = SentenceTransformerTrainer(
+            model=model,
+            args=args,
+            train_dataset=dataset,
+            loss=loss,
+            data_collator=utils.ColBERTCollator(model.tokenize),
+        )
+        return BuiltCell(
+            trainer=trainer,
+            call_site_owner=loss,
+            call_site_attribute="score_metric",
+            samples_per_step=params.batch_size,
+            model_source=model_source,
+            data_source=data_source,
+        )
+
+
+STACK = PylateStack()

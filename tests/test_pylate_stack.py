@@ -1,0 +1,130 @@
+"""The PyLate stack on CPU: the tiny preset through PyLate's real trainer (pylate environment)."""
+
+import math
+import string
+
+import numpy as np
+import pytest
+
+from harness.cell import CellParams, run_cell
+from harness.memory import MIB
+from harness.stacks import lexicon, msmarco
+
+pytestmark = pytest.mark.pylate
+BATCH, STEPS = 6, 2
+
+
+def cell(tmp_path, **overrides):
+    fields = dict(stack="pylate", regime="plain", batch_size=BATCH, steps=STEPS, preset="tiny", device="cpu",
+                  output=tmp_path / "cell.json")  # fmt: skip
+    fields.update(overrides)
+    return run_cell(CellParams(**fields))
+
+
+@pytest.mark.parametrize("regime", ["plain", "grad-checkpoint"])
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_a_tiny_cell_trains_through_pylates_trainer(tmp_path, regime, chunk):
+    result = cell(tmp_path, regime=regime, score_mini_batch_size=chunk)
+    assert result.outcome == "ok" and len(result.step_times_sec) == STEPS
+    calls_per_step = 1 if chunk is None else math.ceil(BATCH / chunk)
+    assert len(result.maxsim_calls_in_train) == STEPS * calls_per_step
+    query_rows = [c.query_shape[0] for c in result.maxsim_calls_in_train[:calls_per_step]]
+    assert query_rows == ([BATCH] if chunk is None else [4, 2])
+    for call in result.maxsim_calls_in_train:
+        # queries padded (expanded) to query_length, documents padded to document_length
+        assert call.query_shape[1:] == [48, 128] and call.doc_shape == [BATCH, 2, 300, 128]
+        assert call.doc_mask_shape == [BATCH, 2, 300] and call.query_mask_shape is None  # query expansion on
+        assert call.dtype == "float32" and call.step in range(STEPS)
+    for replay in result.maxsim_calls_isolated:
+        assert round(replay.saved_for_backward_mib * MIB) == round(replay.predicted_saved_for_backward_mib * MIB)
+        assert round(replay.forward_transient_peak_mib * MIB) == round(replay.predicted_forward_transient_mib * MIB)
+    assert result.env.packages["pylate"] == "1.6.0" and result.env.model_source.startswith("offline:")
+    assert result.env.data_source.startswith("synthetic:msmarco-triplet")
+
+
+def test_in_train_score_calls_hold_what_the_replay_holds(tmp_path):
+    result = cell(tmp_path)
+    (replay,) = result.maxsim_calls_isolated
+    for call in result.maxsim_calls_in_train:
+        # in train the doc slots are views of the stacked tensor exactly as in replay
+        assert round(call.saved_for_backward_mib * MIB) == round(replay.saved_for_backward_mib * MIB)
+
+
+def test_the_tokenizer_has_modernberts_id_layout_and_pylate_adds_the_prefixes():
+    from harness.stacks import pylate_model
+
+    tokenizer = pylate_model.build_tokenizer()
+    assert len(tokenizer) == 50368
+    assert [tokenizer.convert_tokens_to_ids(t) for t in ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")] == list(
+        range(50280, 50285)
+    )
+    encoded = tokenizer("baka, dufe.")["input_ids"]
+    assert encoded[0] == 50281 and encoded[-1] == 50282
+    model, _ = pylate_model.load(None, "tiny", 42, "cpu")
+    assert model.tokenizer.convert_tokens_to_ids(["[Q] ", "[D] "]) == [50368, 50369]
+    assert model.tokenizer.pad_token_id == 50284  # padding forced to [MASK] for query expansion
+    assert sorted(model.skiplist) == sorted(tokenizer.convert_tokens_to_ids(list(string.punctuation)))
+    assert model[0].auto_model.get_input_embeddings().num_embeddings == 50370
+    assert model[1].linear.out_features == 128 and model[1].linear.bias is None
+    assert (model.query_length, model.document_length, model.attend_to_expansion_tokens) == (48, 300, False)
+
+
+def test_a_local_checkpoint_directory_loads_like_a_hub_id(tmp_path):
+    from harness.stacks import pylate_model
+
+    saved = pylate_model.materialize("tiny", 42)  # a directory laid out like the published checkpoint
+    model, source = pylate_model.load(str(saved), "full", 42, "cpu")
+    assert source == f"local:{saved}"
+    assert model.query_length == 48 and model.document_length == 300
+    result = cell(tmp_path, model_source=str(saved), steps=1)
+    assert result.outcome == "ok" and result.env.model_source == f"local:{saved}"
+
+
+def test_a_local_dataset_directory_replaces_the_synthetic_set(tmp_path):
+    import datasets
+
+    rows = msmarco.synthetic_triplets(20, seed=7)
+    datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "data" / "train.parquet"))
+    dataset, source = msmarco.load_triplets(str(tmp_path / "data"), n_rows=12, seed=0)
+    assert len(dataset) == 12 and dataset[0]["query"] == rows["query"][0]
+    assert source.startswith("local:")
+
+
+def test_synthetic_triplets_have_msmarco_lengths():
+    from harness.stacks import pylate_model
+
+    rows = msmarco.synthetic_triplets(3000, seed=0)
+    passage_words = np.array([len(p.split()) for p in rows["positive"] + rows["negative"]])
+    query_words = np.array([len(q.split()) for q in rows["query"]])
+    assert 53 <= passage_words.mean() <= 59 and 6.0 <= query_words.mean() <= 6.8
+    assert passage_words.max() > 2.5 * passage_words.mean()  # a long tail, as in MS MARCO
+    tokenizer = pylate_model.build_tokenizer()
+    tokens = np.array([len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in rows["positive"][:500]])
+    assert 62 <= tokens.mean() <= 80  # ~70 word pieces per passage
+    unknown = sum(tokenizer(p)["input_ids"].count(50280) for p in rows["positive"][:200])
+    assert unknown == 0
+    assert rows == msmarco.synthetic_triplets(3000, seed=0)  # seeded
+    assert lexicon.vocabulary()["[MASK]"] == 50284
+
+
+def test_the_notebook_runs_one_cell_in_a_fresh_kernel_with_papermill(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    output = tmp_path / "cell.json"
+    executed = tmp_path / "executed.ipynb"
+    papermill = Path(sys.executable).parent / "papermill"
+    completed = subprocess.run(
+        [papermill, root / "notebooks" / "pylate.ipynb", executed, "-k", "python3", "--cwd", root,
+         "-p", "batch", "4", "-p", "steps", "1", "-p", "regime", "grad-checkpoint", "-p", "output", str(output)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(output.read_text())
+    assert result["regime"] == "grad-checkpoint" and result["batch_size"] == 4 and result["outcome"] == "ok"
+    notebook = json.loads(executed.read_text())
+    shown = "".join(str(o.get("data", {})) for c in notebook["cells"] for o in c.get("outputs", []))
+    assert "[4, 2, 300, 128]" in shown and "step peak allocated (MiB)" in shown
