@@ -90,6 +90,7 @@ def validate(params: CellParams, stack: Stack | None = None) -> Stack:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CellError("device 'cuda' requested but no CUDA device is visible; pass device='cpu' for the tiny preset.")
     stack.op.check_variant(params.variant)
+    stack.check(params)
     backends.require(params.variant, stack.op.stack, device)
     if cards.card(params.card).usable_bytes is not None and device.type != "cuda":
         raise CellError(f"card {params.card!r} emulation needs a CUDA device; on {device.type} use card 'native'.")

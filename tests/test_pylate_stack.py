@@ -38,7 +38,7 @@ def test_a_tiny_cell_trains_through_pylates_trainer(tmp_path, regime, chunk):
     for replay in result.maxsim_calls_isolated:
         assert round(replay.saved_for_backward_mib * MIB) == round(replay.predicted_saved_for_backward_mib * MIB)
         assert round(replay.forward_transient_peak_mib * MIB) == round(replay.predicted_forward_transient_mib * MIB)
-    assert result.env.packages["pylate"] == "1.6.0" and result.env.model_source.startswith("offline:")
+    assert result.env.packages["pylate"] in ("1.6.0", "1.5.0") and result.env.model_source.startswith("offline:")
     assert result.env.data_source.startswith("synthetic:msmarco-triplet")
 
 

@@ -79,6 +79,9 @@ class ToyStack:
     op: ColpaliInBatchMaxSim = dataclasses.field(default_factory=ColpaliInBatchMaxSim)
     builds: int = 0
 
+    def check(self, params):  # type: ignore[no-untyped-def]
+        return None
+
     def build(self, params, device):  # type: ignore[no-untyped-def]
         self.builds += 1
         torch.manual_seed(params.seed)

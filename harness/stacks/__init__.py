@@ -39,6 +39,9 @@ class Stack(Protocol):
     presets: tuple[str, ...]
     op: MaxSimOp
 
+    def check(self, params: "CellParams") -> None:
+        """Raise ValueError for parameters this stack cannot run (called before any GPU work)."""
+
     def build(self, params: "CellParams", device: torch.device) -> BuiltCell:
         """Model, data and trainer for ``params``, with the variant's backend switched on strictly."""
 

@@ -6,7 +6,9 @@ One cell is built the way PyLate's users train: ``pylate.models.ColBERT``,
 Regimes: ``plain`` (the canonical recipe) and ``grad-checkpoint`` (non-reentrant gradient
 checkpointing enabled on the HF encoder, the regime where the score grid binds before the
 encoder's activations). The wrapped call site is the loss's ``score_metric``: with chunking each
-query chunk is its own call. The backend is PyLate's own strict switch, ``PYLATE_SCORES_BACKEND``.
+query chunk is its own call. The backend is PyLate's own strict switch, ``PYLATE_SCORES_BACKEND``
+(PyLate >= 1.5.1); on older releases (the ``pylate-1.5`` environment) vanilla is the untouched
+library and lik is ``late_interaction_kernels.patch_pylate()``; flash needs the native switch.
 """
 
 from __future__ import annotations
@@ -20,7 +22,30 @@ from harness.ops import PylateColbertScores
 from harness.stacks import BuiltCell, msmarco, pylate_model
 
 BACKEND_SWITCH = {"vanilla": "torch", "lik": "lik", "flash": "flash"}
+NATIVE_SWITCH_SINCE = (1, 5, 1)
 LEARNING_RATE = 3e-6
+
+
+def pylate_version() -> tuple[int, ...]:
+    from importlib.metadata import version
+
+    return tuple(int(part) for part in version("pylate").split(".")[:3] if part.isdigit())
+
+
+def select_backend(variant: str) -> str:
+    """Switch PyLate to ``variant`` strictly; return how (recorded in the data source note)."""
+    if pylate_version() >= NATIVE_SWITCH_SINCE:
+        # Strict: "torch" / "lik" / "flash" raise rather than fall back (never "auto").
+        os.environ["PYLATE_SCORES_BACKEND"] = BACKEND_SWITCH[variant]
+        return f"PYLATE_SCORES_BACKEND={BACKEND_SWITCH[variant]}"
+    import late_interaction_kernels
+
+    os.environ.pop("PYLATE_SCORES_BACKEND", None)
+    if variant == "lik":
+        late_interaction_kernels.patch_pylate()
+        return "late_interaction_kernels.patch_pylate()"
+    late_interaction_kernels.unpatch_pylate()
+    return "untouched library"
 
 
 class PylateStack:
@@ -29,13 +54,21 @@ class PylateStack:
     presets = tuple(pylate_model.PRESETS)
     op = PylateColbertScores()
 
+    def check(self, params) -> None:  # type: ignore[no-untyped-def]
+        """Refuse, before any GPU work, a variant this PyLate release cannot run."""
+        if params.variant == "flash" and pylate_version() < NATIVE_SWITCH_SINCE:
+            found = ".".join(map(str, pylate_version()))
+            raise ValueError(
+                f"variant 'flash' needs PyLate >= 1.5.1 (its native backend switch); this environment has pylate "
+                f"{found}. Use the pylate environment (python tools/envs.py create pylate)."
+            )
+
     def build(self, params, device: torch.device) -> BuiltCell:  # type: ignore[no-untyped-def]
         from pylate import losses, utils
         from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
         from transformers import set_seed
 
-        # Strict: "torch" / "lik" / "flash" raise rather than fall back (never "auto").
-        os.environ["PYLATE_SCORES_BACKEND"] = BACKEND_SWITCH[params.variant]
+        select_backend(params.variant)
         set_seed(params.seed)
         model, model_source = pylate_model.load(params.model_source, params.preset, params.seed, str(device))
         if params.regime == "grad-checkpoint":
