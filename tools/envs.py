@@ -7,7 +7,10 @@ Standard library only: this runs before anything is installed.
     python tools/envs.py create colpali --torch system # GPU host: layer on the image's CUDA torch
     python tools/envs.py create colpali --torch system --wheelhouse wheelhouse   # ... offline
     python tools/envs.py wheelhouse colpali pylate     # wheels for manylinux x86_64 / CPython 3.12
+    python tools/envs.py wheelhouse pylate --host h200-cuda-image   # only what that GPU image lacks
+    python tools/envs.py create pylate --torch system --host h200-cuda-image --wheelhouse wheelhouse
     python tools/envs.py lock colpali pylate           # maintainers: re-resolve constraints.txt
+    python tools/envs.py lock pylate --host h200-cuda-image   # ... and a GPU image's lock
 
 Each environment ``NAME`` is described by ``envs/NAME/``:
 
@@ -96,8 +99,6 @@ def create(args: argparse.Namespace) -> None:
     source: list[str | Path] = []
     if args.wheelhouse:
         source = ["--no-index", "--find-links", Path(args.wheelhouse).resolve()]
-
-    if args.wheelhouse:
         run([*pip, *source, "setuptools>=64"])  # builds the harness offline (no build isolation)
     if args.torch == "system":
         probe = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
@@ -107,7 +108,7 @@ def create(args: argparse.Namespace) -> None:
     elif (folder / "torch-cpu.txt").exists():
         run([*pip, *source, "-r", folder / "torch-cpu.txt"])
 
-    requirements = requirements_file(args.name, args.host, VENVS)
+    requirements = requirements_file(args.name, args.host)
     run([*pip, *source, "-c", constraints_file(args.name, args.host), "-r", requirements])
     if read_lines(folder / "no-deps.txt"):
         run([*pip, *source, "--no-deps", "-r", folder / "no-deps.txt"])
@@ -134,7 +135,7 @@ def host_freeze(host: str) -> Path:
 REPORT_LAYER = "-r ../report.in"
 
 
-def requirements_file(name: str, host: str | None, scratch: Path) -> Path:
+def requirements_file(name: str, host: str | None) -> Path:
     """requirements.in, without the book-building layer on a GPU image (cells run there, books don't)."""
     source = env_dir(name) / "requirements.in"
     if host is None:
@@ -143,7 +144,6 @@ def requirements_file(name: str, host: str | None, scratch: Path) -> Path:
     # Written beside the original so its relative `-r ../common.in` still resolves.
     target = source.with_name(f".requirements.{host}.in")
     target.write_text("\n".join(lines) + "\n")
-    scratch.mkdir(exist_ok=True)
     return target
 
 
@@ -171,7 +171,7 @@ def lock(args: argparse.Namespace) -> None:
                 platform = ["--python-version", "3.12", "--python-platform", "x86_64-manylinux_2_28"]
             else:
                 platform = ["--universal", "--python-version", "3.10"]
-            requirements = requirements_file(name, args.host, Path(scratch))
+            requirements = requirements_file(name, args.host)
             run([sys.executable, "-m", "uv", "pip", "compile", requirements, *platform,
                  "--no-annotate", "--no-header", "--override", override, "-o", raw])  # fmt: skip
             kept = [line for line in raw.read_text().splitlines() if not HOST_PROVIDED.match(line)]
