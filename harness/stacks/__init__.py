@@ -21,6 +21,24 @@ if TYPE_CHECKING:
 STACK_MODULES = {"colpali": "harness.stacks.colpali", "pylate": "harness.stacks.pylate"}
 
 
+@dataclasses.dataclass(frozen=True)
+class StackInfo:
+    """What the sweep needs to know about a stack without importing it (its libraries live in its own
+    environment): its regimes, environment, Jupyter kernel and cell notebook."""
+
+    name: str
+    regimes: tuple[str, ...]
+    environment: str
+    kernel: str
+    notebook: str
+
+
+STACK_INFO = {
+    "colpali": StackInfo("colpali", ("plain",), "colpali", "maxsim-colpali", "notebooks/colpali.ipynb"),
+    "pylate": StackInfo("pylate", ("plain", "grad-checkpoint"), "pylate", "maxsim-pylate", "notebooks/pylate.ipynb"),
+}
+
+
 @dataclasses.dataclass
 class BuiltCell:
     """A ready-to-train cell: the library's trainer and the call site to wrap."""

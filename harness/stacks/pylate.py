@@ -19,7 +19,7 @@ import tempfile
 import torch
 
 from harness.ops import PylateColbertScores
-from harness.stacks import BuiltCell, msmarco, pylate_model
+from harness.stacks import STACK_INFO, BuiltCell, msmarco, pylate_model
 
 BACKEND_SWITCH = {"vanilla": "torch", "lik": "lik", "flash": "flash"}
 NATIVE_SWITCH_SINCE = (1, 5, 1)
@@ -50,7 +50,7 @@ def select_backend(variant: str) -> str:
 
 class PylateStack:
     name = "pylate"
-    regimes = ("plain", "grad-checkpoint")
+    regimes = STACK_INFO["pylate"].regimes
     presets = tuple(pylate_model.PRESETS)
     op = PylateColbertScores()
 

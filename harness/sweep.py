@@ -1,0 +1,332 @@
+"""The sweep driver: run a grid of cells, each one papermill run of its stack's notebook in a fresh kernel.
+
+A grid is a YAML file (``grids/``): ``defaults`` for every cell and ``cells`` entries whose
+list-valued fields expand as a product. Every cell ends with a result file beside its executed
+notebook: the cell's own (``ok``/``oom``), or a crash marker this driver writes when the kernel
+died or the notebook failed (outcome ``crashed``, the cell's parameters and the tail of its log).
+A sweep resumes: cells with a valid ``ok``/``oom`` result are skipped; crashed ones are re-run on
+request (``--rerun-crashed``). Cells run one after another, or one per GPU with ``--gpus``.
+
+    harness-sweep grids/ours.yaml --dry-run
+    harness-sweep grids/ours.yaml --gpus 0,1
+    harness-sweep grids/ours.yaml --skypilot sky/ours.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness import backends, cards
+from harness.results import CellResult, ResultError, load_result, write_result
+from harness.stacks import STACK_INFO
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPANDABLE = ("batch_size", "variant", "regime", "score_mini_batch_size", "card", "seed")
+
+
+class GridError(ValueError):
+    """A grid that cannot run; raised before any cell starts."""
+
+
+class CellPlan(BaseModel):
+    """One planned cell: its notebook parameters and where its files go."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grid: str
+    stack: str
+    regime: str
+    batch_size: int = Field(gt=0)
+    variant: str
+    score_mini_batch_size: int | None = Field(default=None, gt=0)
+    card: str = "native"
+    steps: int = Field(default=4, gt=0)
+    seed: int = 42
+    preset: str = "full"
+    device: str = "cuda"
+    model_source: str | None = None
+    data_source: str | None = None
+    notebook: str | None = None  # default: the stack's notebook
+    kernel: str | None = None  # default: the stack's kernel
+
+    @property
+    def cell_id(self) -> str:
+        chunk = f"-chunk{self.score_mini_batch_size}" if self.score_mini_batch_size else ""
+        return f"{self.stack}-{self.regime}-b{self.batch_size}-{self.variant}{chunk}-{self.card}"
+
+    @property
+    def title(self) -> str:
+        chunk = f" + chunk {self.score_mini_batch_size}" if self.score_mini_batch_size else ""
+        return f"{self.stack} · {self.regime} · B={self.batch_size} · {self.variant}{chunk} · {self.card}"
+
+    def result_path(self, results_dir: Path) -> Path:
+        return results_dir / self.grid / self.stack / self.regime / f"{self.cell_id}.json"
+
+    def notebook_path(self, notebooks_dir: Path) -> Path:
+        return notebooks_dir / self.grid / self.stack / self.regime / f"{self.cell_id}.ipynb"
+
+    def log_path(self, results_dir: Path) -> Path:
+        return self.result_path(results_dir).with_suffix(".log")
+
+    def source_notebook(self) -> Path:
+        return ROOT / (self.notebook or STACK_INFO[self.stack].notebook)
+
+    def notebook_parameters(self, output: Path) -> dict[str, Any]:
+        return {
+            "batch": self.batch_size, "variant": self.variant, "regime": self.regime,
+            "score_mini_batch_size": self.score_mini_batch_size, "steps": self.steps, "card": self.card,
+            "seed": self.seed, "preset": self.preset, "model_source": self.model_source,
+            "data_source": self.data_source, "device": self.device, "output": str(output),
+        }  # fmt: skip
+
+
+def load_grid(path: str | os.PathLike[str], stacks: Sequence[str] | None = None) -> list[CellPlan]:
+    """Expand and validate a grid file (only ``stacks``' cells, if given); raise :class:`GridError`
+    naming every problem."""
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise GridError(f"cannot read grid {path}: {error}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("cells"), list):
+        raise GridError(f"grid {path} needs a `cells` list (and optional `name`, `defaults`).")
+    name = document.get("name", path.stem)
+    defaults = document.get("defaults") or {}
+    plans, problems = [], []
+    for index, entry in enumerate(document["cells"]):
+        merged = {**defaults, **(entry or {})}
+        if stacks and merged.get("stack") not in stacks:
+            continue
+        lists = {key: value for key, value in merged.items() if key in EXPANDABLE and isinstance(value, list)}
+        for combination in itertools.product(*lists.values()):
+            fields = {**merged, **dict(zip(lists, combination)), "grid": name}
+            try:
+                plan = CellPlan(**fields)
+                _check(plan)
+            except (ValidationError, ValueError) as error:
+                described = " ".join(f"{k}={v}" for k, v in fields.items() if k not in defaults or k == "stack")
+                problems.append(f"cells[{index}] ({described}): {error}")
+                continue
+            plans.append(plan)
+    ids = [p.cell_id for p in plans]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        problems.append(f"cells repeat: {', '.join(duplicates)}")
+    if problems:
+        raise GridError(f"grid {path} is invalid:\n  " + "\n  ".join(problems))
+    return plans
+
+
+def _check(plan: CellPlan) -> None:
+    if plan.stack not in STACK_INFO:
+        raise ValueError(f"unknown stack {plan.stack!r}; choose one of {sorted(STACK_INFO)}")
+    info = STACK_INFO[plan.stack]
+    if plan.regime not in info.regimes:
+        raise ValueError(f"unknown regime {plan.regime!r} for {plan.stack}; choose one of {list(info.regimes)}")
+    backends.check_supported(plan.variant, plan.stack)
+    cards.card(plan.card)
+    if plan.score_mini_batch_size is not None and plan.stack != "pylate":
+        raise ValueError("score_mini_batch_size is PyLate's chunking")
+    if not plan.source_notebook().exists():
+        raise ValueError(f"the {plan.stack} notebook {plan.source_notebook()} does not exist yet")
+
+
+def status(plan: CellPlan, results_dir: Path) -> str:
+    """``done`` (valid ok/oom result), ``crashed`` (a crash marker) or ``missing``."""
+    path = plan.result_path(results_dir)
+    if not path.exists():
+        return "missing"
+    try:
+        result = load_result(path)
+    except ResultError:
+        return "missing"  # unreadable: run it again
+    return "crashed" if result.outcome == "crashed" else "done"
+
+
+@dataclasses.dataclass
+class CellRun:
+    plan: CellPlan
+    outcome: str
+    seconds: float
+    slot: str
+    detail: str = ""
+
+
+def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | None) -> CellRun:
+    """One fresh-kernel papermill run; a crash marker if it ends without a valid result."""
+    result_path, notebook_path, log_path = (
+        plan.result_path(results_dir), plan.notebook_path(notebooks_dir), plan.log_path(results_dir)
+    )  # fmt: skip
+    for path in (result_path, notebook_path, log_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "papermill", str(plan.source_notebook()), str(notebook_path),
+               "-k", plan.kernel or STACK_INFO[plan.stack].kernel, "--cwd", str(ROOT), "--no-progress-bar"]  # fmt: skip
+    for key, value in plan.notebook_parameters(result_path.resolve()).items():
+        command += ["-y", yaml.safe_dump({key: value}, default_flow_style=True).strip()]
+    env = dict(os.environ)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    result_path.unlink(missing_ok=True)  # a stale crash marker must not pass for this run's result
+    started = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    seconds = time.perf_counter() - started
+    try:
+        result = load_result(result_path)
+    except ResultError:
+        result = None
+    if result is None or completed.returncode != 0 and result.outcome == "ok":
+        tail = "".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-40:])
+        marker = CellResult(
+            stack=plan.stack, regime=plan.regime, batch_size=plan.batch_size, variant=plan.variant,
+            score_mini_batch_size=plan.score_mini_batch_size, card=plan.card, steps=plan.steps, seed=plan.seed,
+            preset=plan.preset, outcome="crashed", crash_log_tail=tail, wall_sec=seconds,
+        )  # fmt: skip
+        write_result(marker, result_path)
+        _retitle(notebook_path, f"{plan.title} — crashed")
+        return CellRun(plan, "crashed", seconds, gpu or "-", f"exit {completed.returncode}; log {log_path}")
+    _retitle(notebook_path, f"{plan.title} — {result.outcome}")
+    return CellRun(plan, result.outcome, seconds, gpu or "-", result.oom_message or "")
+
+
+def _retitle(notebook_path: Path, title: str) -> None:
+    """Give the executed notebook a readable title (its first heading) for the book; outputs untouched."""
+    if not notebook_path.exists():
+        return
+    notebook = nbformat.read(notebook_path, as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown" and cell.source.lstrip().startswith("# "):
+            first, _, rest = cell.source.lstrip().partition("\n")
+            cell.source = f"# {title}\n{rest}"
+            break
+    else:
+        notebook.cells.insert(0, nbformat.v4.new_markdown_cell(f"# {title}"))
+    nbformat.write(notebook, notebook_path)
+
+
+def run_sweep(
+    plans: Sequence[CellPlan],
+    results_dir: Path,
+    notebooks_dir: Path,
+    gpus: Sequence[str] | None = None,
+    rerun_crashed: bool = False,
+    echo=print,  # type: ignore[no-untyped-def]
+) -> list[CellRun]:
+    """Run every cell that needs it; one worker per GPU (or one worker without GPUs)."""
+    todo = [p for p in plans if status(p, results_dir) == "missing" or (rerun_crashed and status(p, results_dir) == "crashed")]
+    skipped = len(plans) - len(todo)
+    echo(f"{len(plans)} cells in the grid: {skipped} already have a result, {len(todo)} to run"
+         + (f" on GPUs {', '.join(gpus)}" if gpus else " one after another"))  # fmt: skip
+    work: queue.Queue[CellPlan] = queue.Queue()
+    for plan in todo:
+        work.put(plan)
+    runs: list[CellRun] = []
+    lock = threading.Lock()
+    started = time.perf_counter()
+
+    def worker(slot: str | None) -> None:
+        while True:
+            try:
+                plan = work.get_nowait()
+            except queue.Empty:
+                return
+            with lock:
+                echo(f"  start {plan.cell_id}" + (f" on GPU {slot}" if slot is not None else ""))
+            run = run_one(plan, results_dir, notebooks_dir, slot)
+            with lock:
+                runs.append(run)
+                elapsed = time.perf_counter() - started
+                echo(f"[{len(runs)}/{len(todo)}] {plan.cell_id}: {run.outcome} in {run.seconds:.0f}s"
+                     f" (elapsed {elapsed:.0f}s){' — ' + run.detail if run.detail else ''}")  # fmt: skip
+
+    slots: list[str | None] = list(gpus) if gpus else [None]
+    threads = [threading.Thread(target=worker, args=(slot,)) for slot in slots]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    echo(summary(plans, results_dir, time.perf_counter() - started))
+    return runs
+
+
+def summary(plans: Sequence[CellPlan], results_dir: Path, seconds: float) -> str:
+    lines = [f"sweep finished in {seconds:.0f}s"]
+    counts: dict[str, int] = {}
+    for plan in plans:
+        state = status(plan, results_dir)
+        outcome = load_result(plan.result_path(results_dir)).outcome if state != "missing" else "missing"
+        counts[outcome] = counts.get(outcome, 0) + 1
+        lines.append(f"  {outcome:8s} {plan.cell_id}")
+    lines.insert(1, "  " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())))
+    return "\n".join(lines)
+
+
+def skypilot_task(grid_path: Path, plans: Sequence[CellPlan]) -> dict[str, Any]:
+    """A SkyPilot task that creates the environments its stacks need and runs this grid."""
+    stacks = sorted({p.stack for p in plans})
+    setup = [f"python3 tools/envs.py create {STACK_INFO[s].environment} --torch system" for s in stacks]
+    relative = grid_path.resolve().relative_to(ROOT)
+    return {
+        "name": f"maxsim-{plans[0].grid}" if plans else "maxsim-sweep",
+        "workdir": ".",
+        "resources": {"accelerators": "H100:1", "disk_size": 200},
+        "setup": "set -e\n" + "\n".join(setup) + "\n",
+        "run": f"set -e\n.venvs/{STACK_INFO[stacks[0]].environment}/bin/harness-sweep {relative} --gpus all\n",
+    }
+
+
+def visible_gpus(spec: str) -> list[str]:
+    if spec != "all":
+        return [part.strip() for part in spec.split(",") if part.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="harness-sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("grid", type=Path)
+    parser.add_argument("--gpus", help="run one cell per GPU: '0,1' or 'all' (default: one after another)")
+    parser.add_argument("--dry-run", action="store_true", help="list the cells and their state, run nothing")
+    parser.add_argument("--rerun-crashed", action="store_true", help="run crashed cells again")
+    parser.add_argument("--stack", action="append", help="only cells of this stack (repeatable)")
+    parser.add_argument("--results-dir", type=Path, default=ROOT / "results")
+    parser.add_argument("--notebooks-dir", type=Path, default=ROOT / "book" / "cells")
+    parser.add_argument("--skypilot", type=Path, help="write a SkyPilot task file for this grid and exit")
+    args = parser.parse_args(argv)
+    try:
+        plans = load_grid(args.grid, args.stack)
+    except GridError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if args.skypilot:
+        args.skypilot.parent.mkdir(parents=True, exist_ok=True)
+        args.skypilot.write_text(yaml.safe_dump(skypilot_task(args.grid, plans), sort_keys=False))
+        print(f"wrote {args.skypilot}")
+        return 0
+    if args.dry_run:
+        for plan in plans:
+            print(f"{status(plan, args.results_dir):8s} {plan.cell_id}")
+        print(f"{len(plans)} cells")
+        return 0
+    run_sweep(plans, args.results_dir, args.notebooks_dir, visible_gpus(args.gpus) if args.gpus else None, args.rerun_crashed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The sweep driver on CPU: tiny PyLate cells, each a papermill run in a fresh kernel (pylate environment)."""
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from harness import sweep
+from harness.results import load_result
+
+pytestmark = pytest.mark.pylate
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def dying_notebook(tmp_path):
+    """The PyLate notebook, with a kernel that dies (os._exit) when batch == 3."""
+    notebook = nbformat.read(ROOT / "notebooks" / "pylate.ipynb", as_version=4)
+    position = next(i for i, c in enumerate(notebook.cells) if "parameters" in c.metadata.get("tags", []))
+    notebook.cells.insert(position + 1, nbformat.v4.new_code_cell("import os\nif batch == 3:\n    os._exit(1)"))
+    path = tmp_path / "dying.ipynb"
+    nbformat.write(notebook, path)
+    return path
+
+
+def write_grid(tmp_path, notebook, batches, name="tiny"):
+    grid = {
+        "name": name,
+        "defaults": {"preset": "tiny", "device": "cpu", "card": "native", "steps": 1, "kernel": "python3",
+                     "notebook": str(notebook)},
+        "cells": [{"stack": "pylate", "regime": "plain", "batch_size": batches, "variant": "vanilla"}],
+    }  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    return path
+
+
+def test_a_sweep_survives_a_dead_kernel_and_resumes_without_redoing_cells(tmp_path, dying_notebook):
+    grid = write_grid(tmp_path, dying_notebook, [2, 3, 4])
+    results, notebooks = tmp_path / "results", tmp_path / "cells"
+    plans = sweep.load_grid(grid)
+    lines = []
+    runs = sweep.run_sweep(plans, results, notebooks, echo=lines.append)
+    assert sorted((r.plan.batch_size, r.outcome) for r in runs) == [(2, "ok"), (3, "crashed"), (4, "ok")]
+    crashed = load_result(plans[1].result_path(results))
+    assert crashed.outcome == "crashed" and crashed.batch_size == 3 and crashed.regime == "plain"
+    assert "Kernel died" in crashed.crash_log_tail or "DeadKernelError" in crashed.crash_log_tail
+    ok = load_result(plans[0].result_path(results))
+    assert ok.outcome == "ok" and ok.maxsim_calls_in_train[0].query_shape == [2, 48, 128]
+    executed = nbformat.read(plans[0].notebook_path(notebooks), as_version=4)
+    assert executed.cells[0].source.startswith("# pylate · plain · B=2 · vanilla · native — ok")
+    assert "1 crashed, 2 ok" in lines[-1]
+
+    stamps = {p.cell_id: os.stat(p.result_path(results)).st_mtime_ns for p in plans}
+    assert sweep.run_sweep(plans, results, notebooks, echo=lines.append) == []  # resume: nothing to redo
+    again = sweep.run_sweep(plans, results, notebooks, rerun_crashed=True, echo=lines.append)
+    assert [(r.plan.batch_size, r.outcome) for r in again] == [(3, "crashed")]
+    assert os.stat(plans[0].result_path(results)).st_mtime_ns == stamps[plans[0].cell_id]
+
+
+def test_cells_run_concurrently_one_per_gpu(tmp_path, dying_notebook):
+    plans = sweep.load_grid(write_grid(tmp_path, dying_notebook, [2, 4], name="pair"))
+    lines = []
+    runs = sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", gpus=["0", "1"], echo=lines.append)
+    assert sorted(r.slot for r in runs) == ["0", "1"]
+    first_finish = next(i for i, line in enumerate(lines) if line.startswith("[1/2]"))
+    assert sum(line.strip().startswith("start") for line in lines[:first_finish]) == 2  # both running at once
+
+
+def test_an_invalid_grid_is_rejected_before_anything_runs(tmp_path, dying_notebook):
+    path = write_grid(tmp_path, dying_notebook, [2])
+    grid = yaml.safe_load(path.read_text())
+    grid["cells"] += [
+        {"stack": "pylate", "regime": "plain", "batch_size": 0, "variant": "vanilla"},
+        {"stack": "pylate", "regime": "sideways", "batch_size": 2, "variant": "vanilla"},
+        {"stack": "pylate", "regime": "plain", "batch_size": 2, "variant": "turbo"},
+        {"stack": "pylate", "regime": "plain", "batch_size": 2, "variant": "vanilla"},
+    ]
+    path.write_text(yaml.safe_dump(grid))
+    with pytest.raises(sweep.GridError) as error:
+        sweep.load_grid(path)
+    message = str(error.value)
+    for expected in ("greater than 0", "unknown regime 'sideways'", "unknown variant 'turbo'", "cells repeat"):
+        assert expected in message
+    assert not (tmp_path / "results").exists()
+    assert sweep.main([str(path), "--dry-run"]) == 2
+
+
+def test_the_published_grid_expands_to_its_cells_and_lists_them(capsys):
+    plans = sweep.load_grid(ROOT / "grids" / "published.yaml", stacks=["pylate"])
+    assert len(plans) == 3 * 2 + 4 * 2 + 2
+    assert {p.card for p in plans} == {"h100-80gb"}
+    assert sweep.main([str(ROOT / "grids" / "published.yaml"), "--stack", "pylate", "--dry-run"]) == 0
+    assert "pylate-grad-checkpoint-b1024-vanilla-chunk64-h100-80gb" in capsys.readouterr().out
+
+
+def test_a_skypilot_task_is_written_for_a_grid(tmp_path):
+    target = tmp_path / "sky.yaml"
+    assert sweep.main([str(ROOT / "grids" / "ours.yaml"), "--stack", "pylate", "--skypilot", str(target)]) == 0
+    task = yaml.safe_load(target.read_text())
+    assert set(task) == {"name", "workdir", "resources", "setup", "run"}
+    assert task["name"] == "maxsim-ours" and task["resources"]["accelerators"] == "H100:1"
+    assert "tools/envs.py create pylate --torch system" in task["setup"]
+    assert "harness-sweep grids/ours.yaml --gpus all" in task["run"]
