@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import string
 from pathlib import Path
 
@@ -108,14 +109,21 @@ def materialize(preset_name: str, seed: int) -> Path:
     target = cache_dir() / "models" / f"gte-moderncolbert-v1-{preset.name}-random-seed{seed}"
     if (target / "modules.json").exists():
         return target
-    backbone = target.with_name(target.name + ".backbone")
+    # Built in a folder of this process's own, then renamed into place: cells starting at once on
+    # several GPUs may all build it; the first rename wins and the others discard their copy.
+    staging = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    backbone = staging / "backbone"
     torch.manual_seed(seed)
     ModernBertModel(backbone_config(preset)).save_pretrained(backbone)
     build_tokenizer().save_pretrained(backbone)
     model = models.ColBERT(str(backbone), device="cpu", **colbert_options())
-    staging = target.with_name(target.name + ".partial")
-    model.save(str(staging))
-    staging.rename(target)  # a half-written model is never mistaken for a built one
+    model.save(str(staging / "colbert"))
+    try:
+        (staging / "colbert").rename(target)
+    except OSError:
+        if not (target / "modules.json").exists():
+            raise
+    shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

@@ -1,0 +1,220 @@
+"""What the book's summary pages show, computed from the committed results (never typed in).
+
+Every function takes the frames :func:`harness.results.load_results` returns and one stack and
+regime, and gives a table (pandas) or a figure (matplotlib). Figures annotate slopes measured from
+the data, so a figure can never assert a scaling its points do not show.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from harness.cards import CARDS
+from harness.results import default_results_dir, load_results
+
+PUBLISHED = Path(__file__).resolve().parent.parent / "book" / "data" / "published.csv"
+GIB_PER_MIB = 1 / 1024
+
+
+def show(item) -> None:  # type: ignore[no-untyped-def]
+    """Display a table (full cell text, no row numbers) or a figure (then close it) in a page."""
+    from IPython.display import display
+
+    if isinstance(item, pd.DataFrame):
+        with pd.option_context("display.max_colwidth", None):
+            display(item.style.hide(axis="index") if item.index.name is None and item.index.nlevels == 1 else item)
+        return
+    display(item)
+    plt.close(item)
+
+
+def backend_label(variant: str, chunk: float | None) -> str:
+    """vanilla, lik, flash, or 'vanilla + chunk 64' for PyLate's own mitigation."""
+    if chunk is None or (isinstance(chunk, float) and math.isnan(chunk)):
+        return variant
+    return f"{variant} + chunk {int(chunk)}"
+
+
+def load(results_dir: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cells, isolated calls) from the results directory, with a ``backend`` column."""
+    root = results_dir or default_results_dir()
+    cells = load_results(root)
+    calls = load_results(root, level="calls")
+    for frame in (cells, calls):
+        if not frame.empty:
+            frame["backend"] = [backend_label(v, c) for v, c in zip(frame["variant"], frame["score_mini_batch_size"])]
+    if not calls.empty:
+        calls = calls[calls["kind"] == "isolated"]
+    return cells, calls
+
+
+def select(frame: pd.DataFrame, stack: str, regime: str, card: str | None = None) -> pd.DataFrame:
+    if frame.empty:
+        return frame
+    chosen = frame[(frame["stack"] == stack) & (frame["regime"] == regime)]
+    return chosen if card is None else chosen[chosen["card"] == card]
+
+
+def op_vram_table(calls: pd.DataFrame) -> pd.DataFrame:
+    """Isolated-replay op memory per batch size and backend (largest recorded shape of each cell).
+
+    ``total`` is held + backward spike: the op's own footprint at its backward peak.
+    """
+    if calls.empty:
+        return pd.DataFrame()
+    rows = []
+    for (batch, backend), group in calls.groupby(["batch_size", "backend"]):
+        ok = group[~group["oom_in_replay"]]
+        if ok.empty:
+            rows.append({"batch": batch, "backend": backend, "held MiB": "OOM in replay",
+                         "backward spike MiB": "", "forward transient MiB": "", "total MiB": "",
+                         "predicted vanilla held MiB": f"{group['predicted_saved_for_backward_mib'].max():.1f}"})  # fmt: skip
+            continue
+        call = ok.loc[ok["saved_for_backward_mib"].idxmax()]
+        rows.append({
+            "batch": batch, "backend": backend,
+            "held MiB": f"{call['saved_for_backward_mib']:.1f}",
+            "backward spike MiB": f"{call['backward_transient_peak_mib']:.1f}",
+            "forward transient MiB": f"{call['forward_transient_peak_mib']:.1f}",
+            "total MiB": f"{call['saved_for_backward_mib'] + call['backward_transient_peak_mib']:.1f}",
+            "predicted vanilla held MiB": f"{call['predicted_saved_for_backward_mib']:.1f}",
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def ceiling_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Step peak allocated / reserved (GiB) per batch size and backend; an OOM shows its failed request."""
+    if cells.empty:
+        return pd.DataFrame()
+
+    def describe(row: pd.Series) -> str:
+        alloc, reserved = row["step_peak_alloc_mib"] * GIB_PER_MIB, row["step_peak_reserved_mib"] * GIB_PER_MIB
+        if row["outcome"] == "ok":
+            return f"{alloc:.2f} / {reserved:.2f}"
+        if row["outcome"] == "oom":
+            where = "in the MaxSim op" if row["oom_where"] == "maxsim" else "outside the op"
+            request = str(row["oom_message"]).split(". ")[1] if ". " in str(row["oom_message"]) else row["oom_message"]
+            return f"OOM {where} ({request}; pre-OOM {alloc:.2f} / {reserved:.2f})"
+        return "crashed"
+
+    table = cells.assign(cell=cells.apply(describe, axis=1)).pivot_table(
+        index="batch_size", columns="backend", values="cell", aggfunc="first"
+    )
+    return table.rename_axis(index="batch", columns=None).fillna("")
+
+
+def step_time_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Steady seconds per step and samples/s, with the speed relative to vanilla at the same batch."""
+    ok = cells[cells["outcome"] == "ok"] if not cells.empty else cells
+    if ok.empty:
+        return pd.DataFrame()
+    vanilla = ok[ok["backend"] == "vanilla"].set_index("batch_size")["steady_step_time_sec"]
+    rows = []
+    for _, row in ok.sort_values(["batch_size", "backend"]).iterrows():
+        base = vanilla.get(row["batch_size"])
+        rows.append({
+            "batch": row["batch_size"], "backend": row["backend"],
+            "s / step": f"{row['steady_step_time_sec']:.3f}", "samples / s": f"{row['samples_per_sec']:.1f}",
+            "speed vs vanilla": "" if base is None else f"{base / row['steady_step_time_sec']:.2f}×",
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def doubling_factors(batches: np.ndarray, values: np.ndarray) -> float:
+    """Measured growth per batch doubling: the log-log slope fitted through the points, as a factor."""
+    slope = np.polyfit(np.log2(batches), np.log2(values), 1)[0]
+    return float(2**slope)
+
+
+def plot_op_vram(calls: pd.DataFrame, title: str):  # type: ignore[no-untyped-def]
+    """Log-log op memory (held + backward spike) vs batch per backend, each with its measured factor."""
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    for backend, group in calls[~calls["oom_in_replay"]].groupby("backend"):
+        per_batch = group.groupby("batch_size")[["saved_for_backward_mib", "backward_transient_peak_mib"]].max()
+        total = per_batch.sum(axis=1).sort_index()
+        if total.empty:
+            continue
+        label = backend
+        if len(total) >= 2:
+            label += f" (×{doubling_factors(total.index.to_numpy(float), total.to_numpy(float)):.1f} per doubling)"
+        axis.plot(total.index, total.values, marker="o", label=label)
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("batch size")
+    axis.set_ylabel("MaxSim op memory, held + backward spike (MiB)")
+    axis.set_title(title)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    return figure
+
+
+def plot_ceilings(cells: pd.DataFrame, title: str):  # type: ignore[no-untyped-def]
+    """Step peak allocated per batch and backend; OOM cells hatched at their pre-OOM peak."""
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    done = cells[cells["outcome"].isin(["ok", "oom"])]
+    batches = sorted(done["batch_size"].unique())
+    backends = sorted(done["backend"].unique())
+    width = 0.8 / max(len(backends), 1)
+    for i, backend in enumerate(backends):
+        labelled = False
+        for j, batch in enumerate(batches):
+            row = done[(done["backend"] == backend) & (done["batch_size"] == batch)]
+            if row.empty:
+                continue
+            row = row.iloc[0]
+            oom = row["outcome"] == "oom"
+            axis.bar(j + i * width, row["step_peak_alloc_mib"] * GIB_PER_MIB, width, color=f"C{i}",
+                     hatch="//" if oom else None, edgecolor="black" if oom else None, alpha=0.6 if oom else 1.0,
+                     label=None if labelled else backend)  # fmt: skip
+            labelled = True
+    caps = {CARDS[c].usable_gib for c in done["card"].unique() if CARDS[c].usable_gib}
+    for cap in caps:
+        axis.axhline(cap, color="grey", linestyle="--", linewidth=1)
+        axis.text(len(batches) - 0.5, cap, f"card: {cap} GiB", va="bottom", ha="right", fontsize=8)
+    axis.set_xticks([j + width * (len(backends) - 1) / 2 for j in range(len(batches))], [str(b) for b in batches])
+    axis.set_xlabel("batch size (hatched: out of memory, bar at the pre-OOM peak)")
+    axis.set_ylabel("step peak allocated (GiB)")
+    axis.set_title(title)
+    axis.legend()
+    figure.tight_layout()
+    return figure
+
+
+def published_comparison(cells: pd.DataFrame, stack: str, regime: str) -> pd.DataFrame:
+    """Our step peaks and times beside the published ones for the same cells."""
+    published = pd.read_csv(PUBLISHED)
+    published = published[(published["stack"] == stack) & (published["regime"] == regime)]
+    rows = []
+    for _, ref in published.iterrows():
+        backend = backend_label(ref["variant"], ref["score_mini_batch_size"])
+        ours = cells[(cells["batch_size"] == ref["batch_size"]) & (cells["backend"] == backend)
+                     & (cells["card"] == ref["card"])] if not cells.empty else cells  # fmt: skip
+        mine = ours.iloc[0] if len(ours) else None
+        rows.append({
+            "batch": ref["batch_size"], "backend": backend,
+            "published": _published_text(ref),
+            "ours": "not run" if mine is None else _our_text(mine),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _published_text(ref: pd.Series) -> str:
+    if ref["outcome"] == "oom":
+        request = f" (asked {ref['oom_request_gib']} GiB)" if not pd.isna(ref["oom_request_gib"]) else ""
+        return "OOM" + request
+    text = f"{ref['step_peak_alloc_gib']:.2f} GiB"
+    return text + (f" · {ref['steady_step_time_sec']:.2f} s/step" if not pd.isna(ref["steady_step_time_sec"]) else "")
+
+
+def _our_text(row: pd.Series) -> str:
+    if row["outcome"] == "oom":
+        return "OOM (" + str(row["oom_message"]).split(". ")[1] + ")" if ". " in str(row["oom_message"]) else "OOM"
+    if row["outcome"] != "ok":
+        return row["outcome"]
+    return f"{row['step_peak_alloc_mib'] * GIB_PER_MIB:.2f} GiB · {row['steady_step_time_sec']:.2f} s/step"

@@ -1,0 +1,95 @@
+"""The stack pages render measured tables and plots: built from fixture results, shot in headless Chromium."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import report
+from harness.results import OpCall, write_result
+from test_book import build
+from test_results import make_result
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def replay(batch, variant, held_mib, oom=False):
+    return OpCall(
+        call_index=0, variant=variant, query_shape=[batch, 48, 128], doc_shape=[batch, 2, 300, 128], dtype="float32",
+        forward_transient_peak_mib=None if oom else 2 * held_mib, saved_for_backward_mib=None if oom else held_mib,
+        backward_transient_peak_mib=None if oom else held_mib, predicted_grid_mib=held_mib,
+        predicted_forward_transient_mib=held_mib, predicted_saved_for_backward_mib=held_mib, oom_in_replay=oom,
+        oom_message="CUDA out of memory. Tried to allocate 56.25 GiB." if oom else None,
+    )  # fmt: skip
+
+
+def fixture_results(root: Path) -> Path:
+    """A small PyLate grad-checkpoint sweep: vanilla ×4 per doubling and OOM at 1024, lik ×2."""
+    for batch, held in ((256, 100.0), (512, 400.0), (1024, 1600.0)):
+        oom = batch == 1024
+        cell = make_result(
+            stack="pylate", regime="grad-checkpoint", batch_size=batch, variant="vanilla", card="h100-80gb",
+            outcome="oom" if oom else "ok", oom_where="maxsim" if oom else None,
+            oom_message="CUDA out of memory. Tried to allocate 56.25 GiB. GPU 0 has ..." if oom else None,
+            step_peak_alloc_mib=batch * 100.0, step_peak_reserved_mib=batch * 110.0, step_times_sec=[3.0, 1.0, 1.0],
+            steady_step_time_sec=None if oom else batch / 400, samples_per_sec=None if oom else 400.0,
+            maxsim_calls_isolated=[replay(batch, "vanilla", held, oom=oom)],
+        )  # fmt: skip
+        write_result(cell, root / f"vanilla-{batch}.json")
+        lik = make_result(
+            stack="pylate", regime="grad-checkpoint", batch_size=batch, variant="lik", card="h100-80gb",
+            step_peak_alloc_mib=batch * 55.0, step_peak_reserved_mib=batch * 58.0, step_times_sec=[9.0, 1.0, 1.0],
+            steady_step_time_sec=batch / 450, samples_per_sec=450.0,
+            maxsim_calls_isolated=[replay(batch, "lik", held / 25 * batch / 256)],
+        )  # fmt: skip
+        write_result(lik, root / f"lik-{batch}.json")
+    return root
+
+
+def test_doubling_factors_are_measured_from_the_points():
+    assert report.doubling_factors(np.array([256, 512, 1024]), np.array([100.0, 400.0, 1600.0])) == pytest.approx(4.0)
+    assert report.doubling_factors(np.array([256, 512]), np.array([4.0, 8.0])) == pytest.approx(2.0)
+
+
+def test_tables_read_the_results(tmp_path):
+    cells, calls = report.load(fixture_results(tmp_path / "results"))
+    ceiling = report.ceiling_table(report.select(cells, "pylate", "grad-checkpoint"))
+    assert ceiling.loc[512, "vanilla"] == "50.00 / 55.00"
+    assert ceiling.loc[1024, "vanilla"].startswith("OOM in the MaxSim op (Tried to allocate 56.25 GiB; pre-OOM 100.00")
+    times = report.step_time_table(cells)
+    assert list(times[times["backend"] == "lik"]["speed vs vanilla"]) == ["1.12×", "1.12×", ""]  # no vanilla at 1024
+    ops = report.op_vram_table(calls)
+    assert ops[(ops["batch"] == 1024) & (ops["backend"] == "vanilla")]["held MiB"].item() == "OOM in replay"
+    comparison = report.published_comparison(cells, "pylate", "grad-checkpoint")
+    row = comparison[(comparison["batch"] == 1024) & (comparison["backend"] == "vanilla")].iloc[0]
+    assert row["published"] == "OOM (asked 56.25 GiB)" and row["ours"] == "OOM (Tried to allocate 56.25 GiB)"
+
+
+def test_a_stack_page_screenshot_shows_its_table_and_plot(tmp_path):
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must have Debian's chromium (see .ci/run)")
+        pytest.skip("headless Chromium is not installed (apt-get install chromium)")
+    html = build(tmp_path, fixture_results(tmp_path / "results"))
+    page = html / "book" / "pylate-grad-checkpoint.html"
+    text = page.read_text()
+    assert "×4.0 per doubling" not in text  # legends live in the PNG, not the HTML
+    assert text.count("<img") >= 2 and "Tried to allocate 56.25 GiB" in text
+    shot = tmp_path / "page.png"
+    subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chromium'}", "--hide-scrollbars", "--window-size=1280,3200",
+         f"--screenshot={shot}", page.as_uri()],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    ink = (pixels.sum(axis=2) < 600).mean()  # share of non-white pixels
+    colourful = (np.ptp(pixels, axis=2) > 60).mean()  # saturated pixels: plot lines and bars, not text
+    assert ink > 0.03, "the page looks blank"
+    assert colourful > 0.005, "no plot colours on the page"
