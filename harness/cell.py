@@ -89,6 +89,13 @@ def validate(params: CellParams, stack: Stack | None = None) -> Stack:
     device = torch.device(params.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CellError("device 'cuda' requested but no CUDA device is visible; pass device='cpu' for the tiny preset.")
+    if device.type == "cuda" and torch.cuda.device_count() > 1:
+        # Seen on a two-GPU host: transformers' Trainer then wraps the model in DataParallel and
+        # trains per_device_batch × n_gpu samples a step — another cell than the one asked for.
+        raise CellError(
+            f"this process sees {torch.cuda.device_count()} CUDA devices; a cell trains on one. Pin it with "
+            "CUDA_VISIBLE_DEVICES=<index> (harness-sweep does so for every cell)."
+        )
     stack.op.check_variant(params.variant)
     stack.check(params)
     backends.require(params.variant, stack.op.stack, device)

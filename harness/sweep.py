@@ -5,7 +5,8 @@ list-valued fields expand as a product. Every cell ends with a result file besid
 notebook: the cell's own (``ok``/``oom``), or a crash marker this driver writes when the kernel
 died or the notebook failed (outcome ``crashed``, the cell's parameters and the tail of its log).
 A sweep resumes: cells with a valid ``ok``/``oom`` result are skipped; crashed ones are re-run on
-request (``--rerun-crashed``). Cells run one after another, or one per GPU with ``--gpus``.
+request (``--rerun-crashed``). Cells run one after another on one GPU, or one per GPU with
+``--gpus``; a cell always sees exactly one GPU.
 
     harness-sweep grids/ours.yaml --dry-run
     harness-sweep grids/ours.yaml --gpus 0,1
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,9 +179,7 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
                "-k", plan.kernel or STACK_INFO[plan.stack].kernel, "--cwd", str(ROOT), "--no-progress-bar"]  # fmt: skip
     for key, value in plan.notebook_parameters(result_path.resolve()).items():
         command += ["-y", yaml.safe_dump({key: value}, default_flow_style=True).strip()]
-    env = dict(os.environ)
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = gpu
+    env = cell_environment(gpu, os.environ)
     result_path.unlink(missing_ok=True)  # a stale crash marker must not pass for this run's result
     started = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
@@ -202,6 +201,19 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
         return CellRun(plan, "crashed", seconds, gpu or "-", f"exit {completed.returncode}; log {log_path}")
     _retitle(notebook_path, f"{plan.title} — {result.outcome}")
     return CellRun(plan, result.outcome, seconds, gpu or "-", result.oom_message or "")
+
+
+def cell_environment(gpu: str | None, base: Mapping[str, str]) -> dict[str, str]:
+    """The cell's environment, pinned to exactly one GPU: ``gpu``, or else the first visible one.
+
+    A cell that saw two GPUs would be trained by transformers' Trainer with DataParallel over both.
+    """
+    env = dict(base)
+    if gpu is None:
+        visible = [part for part in base.get("CUDA_VISIBLE_DEVICES", "0").split(",") if part.strip()]
+        gpu = visible[0].strip() if visible else "0"
+    env["CUDA_VISIBLE_DEVICES"] = gpu
+    return env
 
 
 def _retitle(notebook_path: Path, title: str) -> None:

@@ -114,3 +114,10 @@ def test_the_command_line_reports_a_bad_cell_and_exits_2(tmp_path, capsys):
     code = main(["--stack", "pylate", "--regime", "plain", "--batch-size", "-1", "--output", str(tmp_path / "x.json")])
     assert code == 2
     assert "greater than 0" in capsys.readouterr().err
+
+
+def test_a_cell_that_sees_two_gpus_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(CellError, match="sees 2 CUDA devices"):
+        validate(params(tmp_path, device="cuda"), ToyStack())

@@ -104,3 +104,9 @@ def test_a_skypilot_task_is_written_for_a_grid(tmp_path):
     assert task["name"] == "maxsim-ours" and task["resources"]["accelerators"] == "H100:1"
     assert "tools/envs.py create pylate --torch system" in task["setup"]
     assert "harness-sweep grids/ours.yaml --gpus all" in task["run"]
+
+
+def test_every_cell_sees_exactly_one_gpu():
+    assert sweep.cell_environment("1", {"CUDA_VISIBLE_DEVICES": "0,1"})["CUDA_VISIBLE_DEVICES"] == "1"
+    assert sweep.cell_environment(None, {"CUDA_VISIBLE_DEVICES": "3,5"})["CUDA_VISIBLE_DEVICES"] == "3"
+    assert sweep.cell_environment(None, {})["CUDA_VISIBLE_DEVICES"] == "0"
