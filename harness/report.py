@@ -218,3 +218,14 @@ def _our_text(row: pd.Series) -> str:
     if row["outcome"] != "ok":
         return row["outcome"]
     return f"{row['step_peak_alloc_mib'] * GIB_PER_MIB:.2f} GiB · {row['steady_step_time_sec']:.2f} s/step"
+
+
+def headline(cells: pd.DataFrame, stack: str, regime: str, batch: int, backend: str, card: str = "h100-80gb") -> str:
+    """One measured cell in words, for the introduction: its step peak, or the request it died on."""
+    if cells.empty:
+        return "not measured yet"
+    row = cells[(cells["stack"] == stack) & (cells["regime"] == regime) & (cells["batch_size"] == batch)
+                & (cells["backend"] == backend) & (cells["card"] == card)]  # fmt: skip
+    if row.empty:
+        return "not measured yet"
+    return _our_text(row.iloc[0])
