@@ -51,10 +51,6 @@ BACKENDS: dict[str, Backend] = {
     ),
 }
 
-# Environment a reader installs to get each stack's backends (see envs/README.md).
-STACK_ENVIRONMENT = {"colpali": "colpali", "pylate": "pylate"}
-
-
 class BackendUnavailable(RuntimeError):
     """A requested backend cannot run here. Never caught to fall back."""
 
@@ -79,9 +75,12 @@ def require(variant: str, stack: str, device: torch.device | str) -> Backend:
     spec = check_supported(variant, stack)
     device = torch.device(device)
     if spec.module is not None and not _importable(spec.module):
+        from harness.stacks import STACK_INFO  # the stack's own environment carries its backends
+
+        environment = STACK_INFO[stack].environment
         raise BackendUnavailable(
             f"variant {variant!r} needs {spec.package}, which is not installed: "
-            f"install the {STACK_ENVIRONMENT[stack]} environment (python tools/envs.py create {STACK_ENVIRONMENT[stack]})."
+            f"install the {environment} environment (python tools/envs.py create {environment})."
         )
     if spec.needs_cuda and device.type != "cuda":
         raise BackendUnavailable(

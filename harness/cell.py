@@ -34,7 +34,7 @@ from harness.memory import probe_for, to_mib
 from harness.recorder import OpRecorder, first_line
 from harness.replay import replay_shapes
 from harness.results import CellResult, write_result
-from harness.stacks import Stack, load_stack
+from harness.stacks import Stack, check_cell, load_stack
 from harness.timing import AutotuneWatch, StepTimer, steady_state
 
 
@@ -80,12 +80,12 @@ def validate(params: CellParams, stack: Stack | None = None) -> Stack:
     stack = stack or load_stack(params.stack)
     if params.stack != stack.name:
         raise CellError(f"parameters are for stack {params.stack!r} but the stack given is {stack.name!r}.")
-    if params.regime not in stack.regimes:
-        raise CellError(f"unknown regime {params.regime!r} for the {stack.name} stack; choose one of {list(stack.regimes)}.")
+    try:
+        check_cell(stack.name, stack.regimes, params.regime, params.score_mini_batch_size)
+    except ValueError as error:
+        raise CellError(str(error)) from None
     if params.preset not in stack.presets:
         raise CellError(f"unknown preset {params.preset!r} for the {stack.name} stack; choose one of {list(stack.presets)}.")
-    if params.score_mini_batch_size is not None and stack.name != "pylate":
-        raise CellError("score_mini_batch_size is PyLate's chunking; the colpali stack has no such option.")
     device = torch.device(params.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CellError("device 'cuda' requested but no CUDA device is visible; pass device='cpu' for the tiny preset.")

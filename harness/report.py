@@ -33,6 +33,12 @@ def show(item) -> None:  # type: ignore[no-untyped-def]
     plt.close(item)
 
 
+def failed_request(message: object) -> str:
+    """The failed request of an OOM message: "CUDA out of memory. Tried to allocate X GiB. ..." → its 2nd sentence."""
+    sentences = str(message).split(". ")
+    return sentences[1] if len(sentences) > 1 else str(message)
+
+
 def backend_label(variant: str, chunk: float | None) -> str:
     """vanilla, lik, flash, or 'vanilla + chunk 64' for PyLate's own mitigation."""
     if chunk is None or (isinstance(chunk, float) and math.isnan(chunk)):
@@ -98,8 +104,7 @@ def ceiling_table(cells: pd.DataFrame) -> pd.DataFrame:
             return f"{alloc:.2f} / {reserved:.2f}"
         if row["outcome"] == "oom":
             where = "in the MaxSim op" if row["oom_where"] == "maxsim" else "outside the op"
-            request = str(row["oom_message"]).split(". ")[1] if ". " in str(row["oom_message"]) else row["oom_message"]
-            return f"OOM {where} ({request}; pre-OOM {alloc:.2f} / {reserved:.2f})"
+            return f"OOM {where} ({failed_request(row['oom_message'])}; pre-OOM {alloc:.2f} / {reserved:.2f})"
         return "crashed"
 
     table = cells.assign(cell=cells.apply(describe, axis=1)).pivot_table(
@@ -214,7 +219,7 @@ def _published_text(ref: pd.Series) -> str:
 
 def _our_text(row: pd.Series) -> str:
     if row["outcome"] == "oom":
-        return "OOM (" + str(row["oom_message"]).split(". ")[1] + ")" if ". " in str(row["oom_message"]) else "OOM"
+        return f"OOM ({failed_request(row['oom_message'])})"
     if row["outcome"] != "ok":
         return row["outcome"]
     return f"{row['step_peak_alloc_mib'] * GIB_PER_MIB:.2f} GiB · {row['steady_step_time_sec']:.2f} s/step"

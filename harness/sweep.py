@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness import backends, cards
 from harness.results import CellResult, ResultError, load_result, write_result
-from harness.stacks import STACK_INFO
+from harness.stacks import STACK_INFO, check_cell
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPANDABLE = ("batch_size", "variant", "regime", "score_mini_batch_size", "card", "seed")
@@ -136,13 +136,9 @@ def load_grid(path: str | os.PathLike[str], stacks: Sequence[str] | None = None)
 def _check(plan: CellPlan) -> None:
     if plan.stack not in STACK_INFO:
         raise ValueError(f"unknown stack {plan.stack!r}; choose one of {sorted(STACK_INFO)}")
-    info = STACK_INFO[plan.stack]
-    if plan.regime not in info.regimes:
-        raise ValueError(f"unknown regime {plan.regime!r} for {plan.stack}; choose one of {list(info.regimes)}")
+    check_cell(plan.stack, STACK_INFO[plan.stack].regimes, plan.regime, plan.score_mini_batch_size)
     backends.check_supported(plan.variant, plan.stack)
     cards.card(plan.card)
-    if plan.score_mini_batch_size is not None and plan.stack != "pylate":
-        raise ValueError("score_mini_batch_size is PyLate's chunking")
     if not plan.source_notebook().exists():
         raise ValueError(f"the {plan.stack} notebook {plan.source_notebook()} does not exist yet")
 

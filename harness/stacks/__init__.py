@@ -64,6 +64,14 @@ class Stack(Protocol):
         """Model, data and trainer for ``params``, with the variant's backend switched on strictly."""
 
 
+def check_cell(stack: str, regimes: tuple[str, ...], regime: str, score_mini_batch_size: int | None) -> None:
+    """What any cell of ``stack`` must satisfy, checked alike by the cell runner and the sweep's grid loader."""
+    if regime not in regimes:
+        raise ValueError(f"unknown regime {regime!r} for the {stack} stack; choose one of {list(regimes)}.")
+    if score_mini_batch_size is not None and stack != "pylate":
+        raise ValueError(f"score_mini_batch_size is PyLate's chunking; the {stack} stack has no such option.")
+
+
 class StackUnavailable(RuntimeError):
     pass
 
