@@ -96,8 +96,11 @@ def validate(params: CellParams, stack: Stack | None = None) -> Stack:
             f"this process sees {torch.cuda.device_count()} CUDA devices; a cell trains on one. Pin it with "
             "CUDA_VISIBLE_DEVICES=<index> (harness-sweep does so for every cell)."
         )
-    stack.op.check_variant(params.variant)
-    stack.check(params)
+    try:
+        stack.op.check_variant(params.variant)
+        stack.check(params)
+    except ValueError as error:
+        raise CellError(str(error)) from None
     backends.require(params.variant, stack.op.stack, device)
     if cards.card(params.card).usable_bytes is not None and device.type != "cuda":
         raise CellError(f"card {params.card!r} emulation needs a CUDA device; on {device.type} use card 'native'.")

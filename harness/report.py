@@ -124,10 +124,28 @@ def step_time_table(cells: pd.DataFrame) -> pd.DataFrame:
         base = vanilla.get(row["batch_size"])
         rows.append({
             "batch": row["batch_size"], "backend": row["backend"],
-            "s / step": f"{row['steady_step_time_sec']:.3f}", "samples / s": f"{row['samples_per_sec']:.1f}",
-            "speed vs vanilla": "" if base is None else f"{base / row['steady_step_time_sec']:.2f}×",
+            "s / step": _number(row["steady_step_time_sec"], ".3f"), "samples / s": _number(row["samples_per_sec"], ".1f"),
+            "speed vs vanilla": "" if _missing(base) or _missing(row["steady_step_time_sec"])
+            else f"{base / row['steady_step_time_sec']:.2f}×",
+            "steady steps (range, s)": _steady_range(row),
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def _missing(value: object) -> bool:
+    return value is None or bool(pd.isna(value))
+
+
+def _number(value: object, spec: str) -> str:
+    """A table number, or a dash where the cell has none (e.g. every step was warm-up)."""
+    return "—" if _missing(value) else format(value, spec)
+
+
+def _steady_range(row: pd.Series) -> str:
+    """How many steps the median is over and how far they spread: few or spread steps mean noise."""
+    if not row["n_steady_steps"]:
+        return "0"
+    return f"{row['n_steady_steps']} ({row['steady_step_min_sec']:.2f}–{row['steady_step_max_sec']:.2f})"
 
 
 def doubling_factors(batches: np.ndarray, values: np.ndarray) -> float:
@@ -205,8 +223,17 @@ def published_comparison(cells: pd.DataFrame, stack: str, regime: str) -> pd.Dat
             "batch": ref["batch_size"], "backend": backend,
             "published": _published_text(ref),
             "ours": "not run" if mine is None else _our_text(mine),
+            "Δ step peak": _peak_difference(ref, mine),
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def _peak_difference(ref: pd.Series, mine: pd.Series | None) -> str:
+    """Our allocated step peak relative to the published one, when both cells trained."""
+    if mine is None or mine["outcome"] != "ok" or ref["outcome"] != "ok" or pd.isna(ref["step_peak_alloc_gib"]):
+        return "—"
+    ours = mine["step_peak_alloc_mib"] * GIB_PER_MIB
+    return f"{100 * (ours - ref['step_peak_alloc_gib']) / ref['step_peak_alloc_gib']:+.1f}%"
 
 
 def _published_text(ref: pd.Series) -> str:

@@ -213,6 +213,9 @@ def _cell_summary(result: CellResult) -> dict[str, object]:
     return {
         "fragmentation_mib": None if alloc is None or reserved is None else reserved - alloc,
         "n_calls_in_train": len(result.maxsim_calls_in_train),
+        "n_steady_steps": len(result.steady_steps),
+        "steady_step_min_sec": min((result.step_times_sec[i] for i in result.steady_steps), default=None),
+        "steady_step_max_sec": max((result.step_times_sec[i] for i in result.steady_steps), default=None),
         "op_saved_for_backward_mib": None if largest is None else largest.saved_for_backward_mib,
         "op_backward_transient_peak_mib": None if largest is None else largest.backward_transient_peak_mib,
         "op_forward_transient_peak_mib": None if largest is None else largest.forward_transient_peak_mib,

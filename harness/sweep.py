@@ -88,12 +88,15 @@ class CellPlan(BaseModel):
         return ROOT / (self.notebook or STACK_INFO[self.stack].notebook)
 
     def notebook_parameters(self, output: Path) -> dict[str, Any]:
-        return {
+        parameters = {
             "batch": self.batch_size, "variant": self.variant, "regime": self.regime,
             "score_mini_batch_size": self.score_mini_batch_size, "steps": self.steps, "card": self.card,
             "seed": self.seed, "preset": self.preset, "model_source": self.model_source,
             "data_source": self.data_source, "device": self.device, "output": str(output),
         }  # fmt: skip
+        if self.stack != "pylate":
+            del parameters["score_mini_batch_size"]  # PyLate's chunking: no such parameter elsewhere
+        return parameters
 
 
 def load_grid(path: str | os.PathLike[str], stacks: Sequence[str] | None = None) -> list[CellPlan]:
@@ -169,9 +172,12 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
     result_path, notebook_path, log_path = (
         plan.result_path(results_dir), plan.notebook_path(notebooks_dir), plan.log_path(results_dir)
     )  # fmt: skip
+    # papermill writes as it goes; the notebook reaches the book only once the cell has ended, so a
+    # sweep stopped mid-cell leaves no half-run notebook there (the cell simply runs again on resume).
+    running_path = result_path.with_suffix(".running.ipynb")
     for path in (result_path, notebook_path, log_path):
         path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "papermill", str(plan.source_notebook()), str(notebook_path),
+    command = [sys.executable, "-m", "papermill", str(plan.source_notebook()), str(running_path),
                "-k", plan.kernel or STACK_INFO[plan.stack].kernel, "--cwd", str(ROOT), "--no-progress-bar"]  # fmt: skip
     for key, value in plan.notebook_parameters(result_path.resolve()).items():
         command += ["-y", yaml.safe_dump({key: value}, default_flow_style=True).strip()]
@@ -193,10 +199,18 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
             preset=plan.preset, outcome="crashed", crash_log_tail=tail, wall_sec=seconds,
         )  # fmt: skip
         write_result(marker, result_path)
-        _retitle(notebook_path, f"{plan.title} — crashed")
+        _publish_notebook(running_path, notebook_path, f"{plan.title} — crashed")
         return CellRun(plan, "crashed", seconds, gpu or "-", f"exit {completed.returncode}; log {log_path}")
-    _retitle(notebook_path, f"{plan.title} — {result.outcome}")
+    _publish_notebook(running_path, notebook_path, f"{plan.title} — {result.outcome}")
     return CellRun(plan, result.outcome, seconds, gpu or "-", result.oom_message or "")
+
+
+def _publish_notebook(running_path: Path, notebook_path: Path, title: str) -> None:
+    """Title the executed notebook and move it into the book in one step (same file system)."""
+    if not running_path.exists():
+        return
+    _retitle(running_path, title)
+    os.replace(running_path, notebook_path)
 
 
 def cell_environment(gpu: str | None, base: Mapping[str, str]) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """Our vanilla replays compute exactly what the libraries compute (run in each stack's environment)."""
 
 import importlib
+import importlib.util
 
 import pytest
 import torch
@@ -10,13 +11,21 @@ from harness.ops import ColpaliInBatchMaxSim, OpShape, PylateColbertScores
 
 @pytest.mark.colpali
 def test_colpali_vanilla_is_colpali_engines_own_torch_path(monkeypatch):
-    maxsim = importlib.import_module("colpali_engine.utils.maxsim")
-    monkeypatch.setenv("COLPALI_SCORES_BACKEND", "torch")
+    losses = importlib.import_module("colpali_engine.loss.late_interaction_losses")
     op = ColpaliInBatchMaxSim()
-    inputs = op.make_inputs(OpShape((5, 7, 16), (6, 19, 16), "float32"), torch.device("cpu"), torch.Generator().manual_seed(1))
+    inputs = op.make_inputs(OpShape((5, 7, 16), (5, 19, 16), "float32"), torch.device("cpu"), torch.Generator().manual_seed(1))
     ours = op.forward("vanilla", inputs)
-    theirs = maxsim.maxsim_inbatch(inputs["query"], inputs["doc"])
-    assert ours.shape == (5, 6)
+    if importlib.util.find_spec("colpali_engine.utils.maxsim"):  # 0.3.17+: the dispatcher's torch path
+        monkeypatch.setenv("COLPALI_SCORES_BACKEND", "torch")
+        theirs = importlib.import_module("colpali_engine.utils.maxsim").maxsim_inbatch(inputs["query"], inputs["doc"])
+    else:  # 0.3.16: the loss's own einsum and amax/sum aggregation, captured as the loss runs
+        captured = []
+        aggregate = losses.ColbertPairwiseCELoss._aggregate
+        monkeypatch.setattr(losses.ColbertPairwiseCELoss, "_aggregate",
+                            lambda self, *a, **k: captured.append(aggregate(self, *a, **k)) or captured[-1])  # fmt: skip
+        losses.ColbertPairwiseCELoss(normalize_scores=False)(inputs["query"], inputs["doc"])
+        (theirs,) = captured
+    assert ours.shape == (5, 5)
     assert torch.equal(ours, theirs)
 
 

@@ -52,6 +52,10 @@ def test_a_sweep_survives_a_dead_kernel_and_resumes_without_redoing_cells(tmp_pa
     executed = nbformat.read(plans[0].notebook_path(notebooks), as_version=4)
     assert executed.cells[0].source.startswith("# pylate · plain · B=2 · vanilla · native — ok")
     assert "1 crashed, 2 ok" in lines[-1]
+    # papermill writes beside the result while the cell runs; the book only gets ended cells
+    dead = nbformat.read(plans[1].notebook_path(notebooks), as_version=4)
+    assert dead.cells[0].source.startswith("# pylate · plain · B=3 · vanilla · native — crashed")
+    assert not list(results.rglob("*.running.ipynb"))
 
     stamps = {p.cell_id: os.stat(p.result_path(results)).st_mtime_ns for p in plans}
     assert sweep.run_sweep(plans, results, notebooks, echo=lines.append) == []  # resume: nothing to redo

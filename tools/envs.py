@@ -37,8 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ENVS = ROOT / "envs"
 VENVS = ROOT / ".venvs"
-ENVIRONMENTS = ("colpali", "pylate", "pylate-1.5", "replay")
-KERNELS = {"colpali": "maxsim-colpali", "pylate": "maxsim-pylate", "pylate-1.5": "maxsim-pylate-1.5"}  # the names notebooks declare
+ENVIRONMENTS = ("colpali", "colpali-0.3.16", "pylate", "pylate-1.5", "replay")
+KERNELS = {"colpali": "maxsim-colpali", "colpali-0.3.16": "maxsim-colpali-0.3.16", "pylate": "maxsim-pylate", "pylate-1.5": "maxsim-pylate-1.5"}  # the names notebooks declare
 # Provided by the host or torch-cpu.txt, never by the lock. setuptools too: it is a build tool, and
 # host torch builds bound it (torch 2.11 needs setuptools<82), so a pin would fight the host.
 HOST_PROVIDED = re.compile(

@@ -1,0 +1,168 @@
+"""The colpali stack: ColQwen2 + LoRA through colpali-engine's own training recipe.
+
+One cell is built the way colpali-engine's users train (its ``scripts/configs/qwen2`` recipe):
+``ColModelTrainingConfig`` (which wraps the model in LoRA) → ``ColModelTraining`` (which builds the
+``VisualRetrieverCollator``) → ``ContrastiveTrainer`` with ``ColbertPairwiseCELoss()``. LoRA r=32,
+alpha 32, dropout 0.1, gaussian init, bias none, FEATURE_EXTRACTION, on every projection of the
+language model and on ``custom_text_proj`` (36,982,784 trainable parameters); bf16, sdpa
+attention, non-reentrant gradient checkpointing, lr 5e-5, no warm-up, seed = data_seed, four
+dataloader workers on CUDA. The wrapped call site is the trainer's ``loss_func`` (the loss
+module's forward: in-batch MaxSim plus the pairwise head on its [B, B] scores).
+
+The backend is colpali-engine's own strict switch, ``COLPALI_SCORES_BACKEND=torch|lik``
+(colpali-engine >= 0.3.17). On 0.3.16 (the ``colpali-0.3.16`` environment) vanilla is the
+untouched library and lik is ``late_interaction_kernels.patch_colpali_engine()``; that release
+also needs two trainer fixes under transformers 5.x, applied by :func:`trainer_class`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+
+from harness.ops import ColpaliInBatchMaxSim
+from harness.stacks import STACK_INFO, BuiltCell, colpali_data, colqwen2_model
+
+NATIVE_SWITCH_SINCE = (0, 3, 17)
+BACKEND_SWITCH = {"vanilla": "torch", "lik": "lik"}
+LEARNING_RATE = 5e-5
+DATALOADER_WORKERS = 4
+LORA_TARGETS = "(.*(model).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|o_proj).*$|.*(custom_text_proj).*$)"
+
+
+def colpali_version() -> tuple[int, ...]:
+    from importlib.metadata import version
+
+    return tuple(int(part) for part in version("colpali-engine").split(".")[:3] if part.isdigit())
+
+
+def select_backend(variant: str) -> str:
+    """Switch colpali-engine to ``variant`` strictly; return how."""
+    if colpali_version() >= NATIVE_SWITCH_SINCE:
+        # Strict: "torch" / "lik" raise rather than fall back (never "auto").
+        os.environ["COLPALI_SCORES_BACKEND"] = BACKEND_SWITCH[variant]
+        return f"COLPALI_SCORES_BACKEND={BACKEND_SWITCH[variant]}"
+    import late_interaction_kernels
+
+    os.environ.pop("COLPALI_SCORES_BACKEND", None)
+    if variant == "lik":
+        late_interaction_kernels.patch_colpali_engine()
+        return "late_interaction_kernels.patch_colpali_engine()"
+    late_interaction_kernels.unpatch_colpali_engine()
+    return "untouched library"
+
+
+def lora_config():  # type: ignore[no-untyped-def]
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=32,
+        lora_alpha=32,
+        lora_dropout=0.1,
+        init_lora_weights="gaussian",
+        bias="none",
+        task_type="FEATURE_EXTRACTION",
+        target_modules=LORA_TARGETS,
+    )
+
+
+def trainer_class():  # type: ignore[no-untyped-def]
+    """colpali-engine's ``ContrastiveTrainer``; on 0.3.16 with the two fixes transformers 5.x needs.
+
+    0.3.16's ``_get_train_sampler(self)`` takes no dataset (transformers 5 passes one), and its
+    single-dataset path never sets the collator prefixes ``compute_loss`` reads. 0.3.17 fixed
+    both the same way; on 0.3.17+ the class is used as is.
+    """
+    from colpali_engine.trainer.contrastive_trainer import ContrastiveTrainer
+
+    if colpali_version() >= NATIVE_SWITCH_SINCE:
+        return ContrastiveTrainer
+
+    class PatchedContrastiveTrainer(ContrastiveTrainer):
+        def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            super().__init__(*args, **kwargs)
+            collator = kwargs.get("data_collator")
+            self.query_prefix = getattr(collator, "query_prefix", "query_")
+            self.pos_prefix = getattr(collator, "pos_doc_prefix", "doc_")
+            self.neg_prefix = getattr(collator, "neg_doc_prefix", "neg_doc_")
+
+        def _get_train_sampler(self, dataset=None):  # type: ignore[no-untyped-def]
+            if self.train_dataset_list is None:
+                return super(ContrastiveTrainer, self)._get_train_sampler(dataset)
+            return super()._get_train_sampler()
+
+    return PatchedContrastiveTrainer
+
+
+class ColpaliStack:
+    name = "colpali"
+    regimes = STACK_INFO["colpali"].regimes
+    presets = tuple(colqwen2_model.PRESETS)
+    op = ColpaliInBatchMaxSim()
+
+    def check(self, params) -> None:  # type: ignore[no-untyped-def]
+        """Nothing beyond the shared checks: both variants run on every supported release."""
+
+    def build(self, params, device: torch.device) -> BuiltCell:  # type: ignore[no-untyped-def]
+        from colpali_engine.data.dataset import ColPaliEngineDataset
+        from colpali_engine.loss.late_interaction_losses import ColbertPairwiseCELoss
+        from colpali_engine.trainer.colmodel_training import ColModelTraining, ColModelTrainingConfig
+        from transformers import TrainingArguments, set_seed
+
+        select_backend(params.variant)
+        set_seed(params.seed)
+        model, processor, model_source = colqwen2_model.load(params.model_source, params.preset, params.seed, str(device))
+        rows, data_source = colpali_data.load_train_set(params.data_source, params.batch_size * params.steps, params.seed)
+        output_dir = tempfile.mkdtemp(prefix="colpali-cell-")
+        args = TrainingArguments(
+            output_dir=output_dir,
+            per_device_train_batch_size=params.batch_size,
+            max_steps=params.steps,
+            learning_rate=LEARNING_RATE,
+            warmup_steps=0,
+            gradient_checkpointing=True,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+            bf16=True,
+            use_cpu=device.type == "cpu",
+            seed=params.seed,
+            data_seed=params.seed,
+            save_strategy="no",
+            eval_strategy="no",
+            logging_strategy="no",
+            report_to=[],
+            dataloader_num_workers=DATALOADER_WORKERS if device.type == "cuda" else 0,
+            disable_tqdm=True,
+        )
+        config = ColModelTrainingConfig(
+            model=model,
+            processor=processor,
+            train_dataset=ColPaliEngineDataset(rows, pos_target_column_name="image"),
+            tr_args=args,
+            output_dir=output_dir,
+            run_eval=False,
+            peft_config=lora_config(),
+            loss_func=ColbertPairwiseCELoss(),
+        )
+        training = ColModelTraining(config)
+        trainer = trainer_class()(
+            model=training.model,
+            train_dataset=training.train_dataset,
+            eval_dataset=training.eval_dataset,
+            args=config.tr_args,
+            data_collator=training.collator,
+            loss_func=config.loss_func,
+            is_vision_model=True,
+        )
+        return BuiltCell(
+            trainer=trainer,
+            call_site_owner=trainer,
+            call_site_attribute="loss_func",
+            samples_per_step=params.batch_size,
+            model_source=model_source,
+            data_source=data_source,
+        )
+
+
+STACK = ColpaliStack()

@@ -1,0 +1,181 @@
+"""vidore/colpali_train_set for the colpali stack: synthetic by default, the real shards when reachable.
+
+The synthetic set has the real schema (``query``, ``image``, ``image_filename``, ``options``,
+``answer``, ``page``, ``model``, ``prompt``, ``source``) and calibrated shapes, which is all the
+memory depends on:
+
+* **pages** follow the set's mixture of sources — scanned letters (DocVQA), PDF renders (TAT-DQA
+  and the synthetic crawl), tall infographics (InfoVQA) and arXiv figures, a few of them small.
+  Under the 768-token cap (max 768·28·28 pixels) every page above ~0.6 MP is scaled down, so
+  ≥95% of pages land at 700–768 visual tokens, as in the published run (documents 755–779 tokens
+  with the 11 prompt tokens);
+* **queries** are question-like text whose character length is log-normal with the real mean
+  (≈67 characters) and tail: with the offline tokenizer a batch of 128 pads to 42–57 tokens
+  (text + colpali-engine's 10 augmentation tokens), as the published B=128 run did.
+
+Pages are drawn lazily (a plain canvas of the row's size, seeded by row) so thousands of rows cost
+nothing until a batch is collated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch.utils.data
+
+from harness.stacks import lexicon
+
+HUB_DATASET = "vidore/colpali_train_set"
+QUERY_CHARS_MEAN = 67.0
+QUERY_CHARS_SIGMA = 0.35  # log-normal shape: a batch of 128 pads to 42–57 tokens, as in the published run
+QUESTION_STARTERS = (
+    "What is the", "What are the", "How many", "Which", "What was the", "According to the",
+    "In which year did the", "Who", "What does the", "How much", "Where is the", "What percentage of",
+)  # fmt: skip
+FUNCTION_WORDS = ("the", "of", "in", "for", "and", "to", "a", "on", "by", "with", "from", "is", "was", "as", "at")
+DOCUMENT_PROMPT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.<|im_end|><|endoftext|>"
+
+
+@dataclasses.dataclass(frozen=True)
+class PageFamily:
+    """A source of pages in the set: its share of rows and its (width, height) ranges in pixels."""
+
+    source: str
+    share: float
+    width: tuple[int, int]
+    height: tuple[int, int]
+
+
+PAGE_MIXTURE = (
+    PageFamily("docvqa", 0.33, (1600, 2560), (2000, 3300)),  # scanned letters
+    PageFamily("pdf_render", 0.38, (1240, 1754), (1600, 2480)),  # synthetic crawl and TAT-DQA pages
+    PageFamily("infovqa", 0.09, (700, 1500), (1500, 6000)),  # tall infographics
+    PageFamily("arxivqa", 0.17, (900, 1800), (700, 1400)),  # figures rendered at print size
+    PageFamily("arxivqa_small", 0.03, (400, 700), (300, 600)),  # small figures: below the cap
+)
+
+
+def _query(rng: np.random.Generator) -> str:
+    mu = np.log(QUERY_CHARS_MEAN) - QUERY_CHARS_SIGMA**2 / 2
+    target = max(12, int(rng.lognormal(mu, QUERY_CHARS_SIGMA))) - 1  # the "?" ends it
+    words = [QUESTION_STARTERS[rng.integers(len(QUESTION_STARTERS))]]
+    length = len(words[0])
+    while length < target:
+        draw = rng.random()
+        if draw < 0.3:
+            word = FUNCTION_WORDS[rng.integers(len(FUNCTION_WORDS))]
+        elif draw < 0.37:
+            word = str(int(rng.integers(1950, 2024)))
+        else:  # Zipf-distributed terms: frequent ones are whole tokens, rare ones split
+            word = lexicon.STEMS[min(int(rng.zipf(1.3)) - 1, len(lexicon.STEMS) - 1)]
+        if length + 1 + len(word) > target + 3:
+            break
+        words.append(word)
+        length += len(word) + 1
+    return " ".join(words) + "?"
+
+
+def queries(n: int, seed: int) -> list[str]:
+    rng = np.random.default_rng([seed, 1])
+    return [_query(rng) for _ in range(n)]
+
+
+def page_sizes(n: int, seed: int) -> list[tuple[str, int, int]]:
+    """``n`` seeded (source, width, height) draws from the page mixture."""
+    rng = np.random.default_rng([seed, 2])
+    shares = np.array([family.share for family in PAGE_MIXTURE])
+    picks = rng.choice(len(PAGE_MIXTURE), size=n, p=shares / shares.sum())
+    sizes = []
+    for pick in picks:
+        family = PAGE_MIXTURE[pick]
+        sizes.append((family.source, int(rng.integers(*family.width)), int(rng.integers(*family.height))))
+    return sizes
+
+
+def tokenizer_corpus(seed: int) -> Iterator[str]:
+    """Text the offline tokenizer learns its merges from: synthetic queries and the prompt words."""
+    yield from queries(50_000, seed + 1_000)  # disjoint from any training draw
+    for _ in range(2_000):
+        yield "user\nDescribe the image."
+
+
+class SyntheticTrainSet(torch.utils.data.Dataset):
+    """``n_rows`` rows of a seeded synthetic colpali_train_set; pages are drawn when a row is read.
+
+    A map-style torch dataset, which is what ``ColPaliEngineDataset`` wraps.
+    """
+
+    def __init__(self, n_rows: int, seed: int) -> None:
+        self.seed = seed
+        self._queries = queries(n_rows, seed)
+        self._pages = page_sizes(n_rows, seed)
+
+    def __len__(self) -> int:
+        return len(self._queries)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        from PIL import Image
+
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        source, width, height = self._pages[index]
+        shade = tuple(int(v) for v in np.random.default_rng([self.seed, 3, index]).integers(160, 256, size=3))
+        return {
+            "query": self._queries[index],
+            "image": Image.new("RGB", (width, height), shade),
+            "image_filename": f"synthetic/{source}/{index:06d}.png",
+            "options": None,
+            "answer": "",
+            "page": "1",
+            "model": "synthetic",
+            "prompt": None,
+            "source": source,
+        }
+
+
+def load_train_set(source: str | None, n_rows: int, seed: int):  # type: ignore[no-untyped-def]
+    """Rows for ``ColPaliEngineDataset`` and a description of where they came from.
+
+    ``source`` None: synthetic. ``"hub"``: the first parquet shard of ``vidore/colpali_train_set``
+    (downloaded alone, never the whole set). Anything else: a local directory laid out like the
+    hub repository (``data/train-*.parquet``) or a parquet file.
+    """
+    if source is None or source == "synthetic":
+        return SyntheticTrainSet(n_rows, seed), f"synthetic:colpali_train_set:seed={seed}:rows={n_rows}"
+    if source == "hub":
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(HUB_DATASET, repo_type="dataset", allow_patterns=["data/train-00000-*.parquet"])
+        rows, shards = _load_parquet_rows(Path(local), n_rows)
+        return rows, f"hub:{HUB_DATASET}:{','.join(shards)}:rows={len(rows)}"
+    rows, shards = _load_parquet_rows(Path(source), n_rows)
+    return rows, f"local:{source}:{','.join(shards)}:rows={len(rows)}"
+
+
+def _load_parquet_rows(root: Path, n_rows: int):  # type: ignore[no-untyped-def]
+    """The first ``n_rows`` train rows from as few leading shards as hold them."""
+    import datasets
+    import pyarrow.parquet as pq
+
+    if root.is_file():
+        shards = [root]
+    else:
+        shards = sorted((root / "data").glob("train-*.parquet")) or sorted(root.glob("train-*.parquet"))
+    if not shards:
+        raise FileNotFoundError(f"no train-*.parquet shards under {root} (expected {root}/data/train-00000-of-N.parquet).")
+    needed, count = [], 0
+    for shard in shards:
+        needed.append(shard)
+        count += pq.ParquetFile(shard).metadata.num_rows
+        if count >= n_rows:
+            break
+    dataset = datasets.load_dataset("parquet", data_files={"train": [str(s) for s in needed]}, split="train")
+    dataset = dataset.select(range(min(n_rows, len(dataset))))
+    missing = {"query", "image"} - set(dataset.column_names)
+    if missing:
+        raise ValueError(f"{root}: the train shards lack the columns {sorted(missing)} of {HUB_DATASET}.")
+    return dataset, [shard.name for shard in needed]

@@ -1,0 +1,152 @@
+"""The colpali stack on CPU: the tiny preset through colpali-engine's real trainer (colpali environment)."""
+
+import numpy as np
+import pytest
+
+from harness.cell import CellError, CellParams, run_cell
+from harness.memory import MIB
+from harness.stacks import colpali_data, colqwen2_model
+
+pytestmark = pytest.mark.colpali
+BATCH, STEPS = 4, 2
+PROMPT_TOKENS = 11
+
+
+def cell(tmp_path, **overrides):
+    fields = dict(stack="colpali", regime="plain", batch_size=BATCH, steps=STEPS, preset="tiny", device="cpu",
+                  output=tmp_path / "cell.json")  # fmt: skip
+    fields.update(overrides)
+    return run_cell(CellParams(**fields))
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return colqwen2_model.load_processor(colqwen2_model.materialize_processor())
+
+
+def test_a_tiny_cell_trains_through_colpali_engines_trainer(tmp_path):
+    result = cell(tmp_path)
+    assert result.outcome == "ok" and len(result.step_times_sec) == STEPS
+    assert len(result.maxsim_calls_in_train) == STEPS  # one loss call per step
+    for call in result.maxsim_calls_in_train:
+        queries, docs = call.query_shape, call.doc_shape
+        assert queries[0] == docs[0] == BATCH and queries[2] == docs[2] == 128
+        # documents: the widest page of the batch (capped at 768 visual tokens) + the prompt
+        assert 700 + PROMPT_TOKENS <= docs[1] <= 768 + PROMPT_TOKENS
+        assert queries[1] > 10  # text + the collator's 10 augmentation tokens
+        # bf16 training, fp32 embeddings: the L2 normalisation promotes (as in the published run)
+        assert call.dtype == "float32" and call.step in range(STEPS)
+        # the loss forward holds the vanilla grid + amax + scores, and the pairwise head's few [B]-sized tensors
+        grid = BATCH * BATCH * queries[1] * docs[1] * 4
+        assert call.predicted_grid_mib * MIB == grid
+        extra = call.saved_for_backward_mib * MIB - call.predicted_saved_for_backward_mib * MIB
+        assert 0 <= extra <= 64 * BATCH * BATCH
+    for replay in result.maxsim_calls_isolated:  # the op alone: exactly the prediction, to the byte
+        assert round(replay.saved_for_backward_mib * MIB) == round(replay.predicted_saved_for_backward_mib * MIB)
+        assert round(replay.forward_transient_peak_mib * MIB) == round(replay.predicted_forward_transient_mib * MIB)
+        # backward: grad of the grid (scatter from amax) + grads of both inputs, on top of what is held
+        assert replay.backward_transient_peak_mib * MIB >= replay.predicted_grid_mib * MIB
+    assert result.env.packages["colpali-engine"] and result.env.packages["peft"]
+    assert result.env.model_source == "offline:colqwen2-base-tiny-random-seed42"
+    assert result.env.data_source == f"synthetic:colpali_train_set:seed=42:rows={BATCH * STEPS}"
+
+
+def test_the_fused_variant_is_refused_on_cpu_and_flash_is_not_a_colpali_variant(tmp_path):
+    with pytest.raises(Exception, match="CUDA"):
+        cell(tmp_path, variant="lik")
+    with pytest.raises(CellError, match="unknown variant 'flash'"):
+        cell(tmp_path, variant="flash")
+    assert not (tmp_path / "cell.json").exists()
+
+
+def test_the_full_architecture_and_its_lora_match_colqwen2_base():
+    import torch
+    from colpali_engine.models import ColQwen2
+    from peft import get_peft_model
+
+    from harness.stacks.colpali import lora_config
+
+    config = colqwen2_model.model_config("full")
+    assert config.text_config.vocab_size == 151936 and config.image_token_id == 151655
+    with torch.device("meta"):
+        model = ColQwen2(config)
+    assert sum(p.numel() for p in model.parameters()) == 2_209_182_336
+    lora = get_peft_model(model, lora_config())
+    assert sum(p.numel() for p in lora.parameters() if p.requires_grad) == 36_982_784
+
+
+def test_the_processor_has_qwen2_vls_specials_prompt_layout_and_the_768_token_cap(processor):
+    from PIL import Image
+
+    tokenizer = processor.tokenizer
+    assert len(tokenizer) == 151657 and tokenizer.padding_side == "left"
+    assert tokenizer.convert_tokens_to_ids(list(colqwen2_model.SPECIAL_TOKENS)) == list(range(151643, 151657))
+    assert processor.image_processor.max_pixels == 768 * 28 * 28
+    pages = processor.process_images([Image.new("RGB", (1700, 2200)), Image.new("RGB", (500, 400))])
+    # 1700x2200 is above the cap: scaled to 48x62 patches of 14 px, merged 2x2 -> 24*31 = 744 tokens
+    assert pages["image_grid_thw"].tolist() == [[1, 62, 48], [1, 28, 36]]
+    assert (pages["input_ids"] == 151655).sum(dim=1).tolist() == [744, 252]
+    assert pages["input_ids"].shape == (2, 744 + PROMPT_TOKENS)
+    prompt = [t for t in pages["input_ids"][0].tolist() if t != 151655]
+    assert tokenizer.convert_ids_to_tokens(prompt) == [
+        "<|im_start|>", "user", "Ċ", "<|vision_start|>", "<|vision_end|>",
+        "Describe", "Ġthe", "Ġimage", ".", "<|im_end|>", "<|endoftext|>",
+    ]  # fmt: skip
+    assert pages["input_ids"][1, 0].item() == 151643  # left-padded with <|endoftext|>
+    queries = processor.process_texts(["What is the total?" + "<|endoftext|>" * 10])
+    assert queries["input_ids"][0, -10:].tolist() == [151643] * 10
+
+
+def test_synthetic_queries_follow_the_real_length_statistics(processor):
+    lengths = [len(q) for q in colpali_data.queries(5000, 0)]
+    assert 64 <= np.mean(lengths) <= 70 and max(lengths) > 2 * np.mean(lengths)  # mean ~67 with a tail
+    padded = []
+    for seed in range(42, 52):
+        tokens = [len(processor.tokenizer(q)["input_ids"]) + 10 for q in colpali_data.queries(512, seed)]
+        padded += [max(tokens[i : i + 128]) for i in range(0, 512, 128)]
+    in_range = np.mean([42 <= n <= 57 for n in padded])
+    assert in_range >= 0.85, padded  # the published B=128 batches padded to 42-57 tokens
+
+
+def test_synthetic_pages_land_in_the_capped_visual_token_range(processor):
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    size = processor.image_processor.size
+    tokens = []
+    for _, width, height in colpali_data.page_sizes(3000, 42):
+        h, w = smart_resize(height, width, 28, size["shortest_edge"], size["longest_edge"])
+        tokens.append((h // 28) * (w // 28))
+    tokens = np.array(tokens)
+    assert tokens.max() <= 768
+    assert np.mean((tokens >= 700) & (tokens <= 768)) >= 0.95
+    row = colpali_data.SyntheticTrainSet(4, 42)[3]
+    assert set(row) >= {"query", "image", "image_filename", "options", "answer", "page", "model", "prompt", "source"}
+    assert row["image"].size == colpali_data.page_sizes(4, 42)[3][1:]
+
+
+def test_a_local_checkpoint_and_local_shards_load_like_the_hub(tmp_path):
+    import datasets
+    from PIL import Image
+
+    checkpoint = tmp_path / "colqwen2-checkpoint"  # laid out like vidore/colqwen2-base
+    model, processor, _ = colqwen2_model.load(None, "tiny", 42, "cpu")
+    model.save_pretrained(checkpoint)
+    processor.save_pretrained(checkpoint)
+    shards = tmp_path / "colpali_train_set" / "data"  # laid out like the dataset repository
+    shards.mkdir(parents=True)
+    features = datasets.Features({"query": datasets.Value("string"), "image": datasets.Image(),
+                                  "source": datasets.Value("string")})  # fmt: skip
+    rows = {"query": [f"What is shown in figure {i}?" for i in range(6)],
+            "image": [Image.new("RGB", (560, 700)) for i in range(6)], "source": ["docvqa"] * 6}  # fmt: skip
+    datasets.Dataset.from_dict(rows, features=features).to_parquet(shards / "train-00000-of-00002.parquet")
+    datasets.Dataset.from_dict(rows, features=features).to_parquet(shards / "train-00001-of-00002.parquet")
+
+    loaded, source = colpali_data.load_train_set(str(shards.parent), 4, 42)
+    assert len(loaded) == 4 and source.endswith("train-00000-of-00002.parquet:rows=4")
+    assert isinstance(loaded[0]["image"], Image.Image)
+    result = cell(tmp_path, model_source=str(checkpoint), data_source=str(shards.parent), steps=1)
+    assert result.outcome == "ok"
+    assert result.env.model_source == f"local:{checkpoint}" and result.env.data_source.startswith("local:")
+    (call,) = result.maxsim_calls_in_train
+    # 560x700 pages stay under the cap (392,000 px): 40x50 patches of 14 px, merged 2x2 -> 20*25 = 500 tokens
+    assert call.doc_shape[1] == 500 + PROMPT_TOKENS
