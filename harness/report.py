@@ -8,6 +8,7 @@ the data, so a figure can never assert a scaling its points do not show.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -31,6 +32,19 @@ def show(item) -> None:  # type: ignore[no-untyped-def]
         return
     display(item)
     plt.close(item)
+
+
+def per_card(frame: pd.DataFrame, *renderers: Callable[[pd.DataFrame], object]) -> None:
+    """For each card in ``frame``: a heading, then every renderer's table or figure for that card."""
+    from IPython.display import Markdown, display
+
+    for card, group in frame.groupby("card"):
+        described = f" — {CARDS[card].description}" if card in CARDS else ""
+        display(Markdown(f"**Card: {card}**{described}"))
+        for render in renderers:
+            item = render(group)
+            if not (isinstance(item, pd.DataFrame) and item.empty):
+                show(item)
 
 
 def failed_request(message: object) -> str:

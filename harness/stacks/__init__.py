@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -70,6 +71,33 @@ def check_cell(stack: str, regimes: tuple[str, ...], regime: str, score_mini_bat
         raise ValueError(f"unknown regime {regime!r} for the {stack} stack; choose one of {list(regimes)}.")
     if score_mini_batch_size is not None and stack != "pylate":
         raise ValueError(f"score_mini_batch_size is PyLate's chunking; the {stack} stack has no such option.")
+
+
+def release(package: str) -> tuple[int, ...]:
+    """The installed release of ``package`` as comparable numbers, e.g. ``(0, 3, 18)``."""
+    from importlib.metadata import version
+
+    return tuple(int(part) for part in version(package).split(".")[:3] if part.isdigit())
+
+
+def switch_backend(variant: str, *, native: bool, variable: str, values: dict[str, str], library: str) -> str:
+    """Switch a library's MaxSim to ``variant`` strictly and return how.
+
+    Releases with a native switch get ``variable`` set to the strict value (never "auto": a backend
+    that cannot run raises instead of falling back). Older releases are left untouched for vanilla
+    and patched by late-interaction-kernels (``patch_<library>()``) for lik.
+    """
+    if native:
+        os.environ[variable] = values[variant]
+        return f"{variable}={values[variant]}"
+    import late_interaction_kernels
+
+    os.environ.pop(variable, None)
+    if variant == "lik":
+        getattr(late_interaction_kernels, f"patch_{library}")()
+        return f"late_interaction_kernels.patch_{library}()"
+    getattr(late_interaction_kernels, f"unpatch_{library}")()
+    return "untouched library"
 
 
 class StackUnavailable(RuntimeError):

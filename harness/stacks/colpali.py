@@ -17,13 +17,12 @@ also needs two trainer fixes under transformers 5.x, applied by :func:`trainer_c
 
 from __future__ import annotations
 
-import os
 import tempfile
 
 import torch
 
 from harness.ops import ColpaliInBatchMaxSim
-from harness.stacks import STACK_INFO, BuiltCell, colpali_data, colqwen2_model
+from harness.stacks import STACK_INFO, BuiltCell, colpali_data, colqwen2_model, release, switch_backend
 
 NATIVE_SWITCH_SINCE = (0, 3, 17)
 BACKEND_SWITCH = {"vanilla": "torch", "lik": "lik"}
@@ -33,25 +32,13 @@ LORA_TARGETS = "(.*(model).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|o_
 
 
 def colpali_version() -> tuple[int, ...]:
-    from importlib.metadata import version
-
-    return tuple(int(part) for part in version("colpali-engine").split(".")[:3] if part.isdigit())
+    return release("colpali-engine")
 
 
 def select_backend(variant: str) -> str:
     """Switch colpali-engine to ``variant`` strictly; return how."""
-    if colpali_version() >= NATIVE_SWITCH_SINCE:
-        # Strict: "torch" / "lik" raise rather than fall back (never "auto").
-        os.environ["COLPALI_SCORES_BACKEND"] = BACKEND_SWITCH[variant]
-        return f"COLPALI_SCORES_BACKEND={BACKEND_SWITCH[variant]}"
-    import late_interaction_kernels
-
-    os.environ.pop("COLPALI_SCORES_BACKEND", None)
-    if variant == "lik":
-        late_interaction_kernels.patch_colpali_engine()
-        return "late_interaction_kernels.patch_colpali_engine()"
-    late_interaction_kernels.unpatch_colpali_engine()
-    return "untouched library"
+    return switch_backend(variant, native=colpali_version() >= NATIVE_SWITCH_SINCE,
+                          variable="COLPALI_SCORES_BACKEND", values=BACKEND_SWITCH, library="colpali_engine")  # fmt: skip
 
 
 def lora_config():  # type: ignore[no-untyped-def]

@@ -37,7 +37,6 @@ QUESTION_STARTERS = (
     "In which year did the", "Who", "What does the", "How much", "Where is the", "What percentage of",
 )  # fmt: skip
 FUNCTION_WORDS = ("the", "of", "in", "for", "and", "to", "a", "on", "by", "with", "from", "is", "was", "as", "at")
-DOCUMENT_PROMPT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.<|im_end|><|endoftext|>"
 
 
 @dataclasses.dataclass(frozen=True)

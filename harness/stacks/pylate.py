@@ -13,13 +13,12 @@ library and lik is ``late_interaction_kernels.patch_pylate()``; flash needs the 
 
 from __future__ import annotations
 
-import os
 import tempfile
 
 import torch
 
 from harness.ops import PylateColbertScores
-from harness.stacks import STACK_INFO, BuiltCell, msmarco, pylate_model
+from harness.stacks import STACK_INFO, BuiltCell, msmarco, pylate_model, release, switch_backend
 
 BACKEND_SWITCH = {"vanilla": "torch", "lik": "lik", "flash": "flash"}
 NATIVE_SWITCH_SINCE = (1, 5, 1)
@@ -27,25 +26,13 @@ LEARNING_RATE = 3e-6
 
 
 def pylate_version() -> tuple[int, ...]:
-    from importlib.metadata import version
-
-    return tuple(int(part) for part in version("pylate").split(".")[:3] if part.isdigit())
+    return release("pylate")
 
 
 def select_backend(variant: str) -> str:
-    """Switch PyLate to ``variant`` strictly; return how (recorded in the data source note)."""
-    if pylate_version() >= NATIVE_SWITCH_SINCE:
-        # Strict: "torch" / "lik" / "flash" raise rather than fall back (never "auto").
-        os.environ["PYLATE_SCORES_BACKEND"] = BACKEND_SWITCH[variant]
-        return f"PYLATE_SCORES_BACKEND={BACKEND_SWITCH[variant]}"
-    import late_interaction_kernels
-
-    os.environ.pop("PYLATE_SCORES_BACKEND", None)
-    if variant == "lik":
-        late_interaction_kernels.patch_pylate()
-        return "late_interaction_kernels.patch_pylate()"
-    late_interaction_kernels.unpatch_pylate()
-    return "untouched library"
+    """Switch PyLate to ``variant`` strictly; return how."""
+    return switch_backend(variant, native=pylate_version() >= NATIVE_SWITCH_SINCE,
+                          variable="PYLATE_SCORES_BACKEND", values=BACKEND_SWITCH, library="pylate")  # fmt: skip
 
 
 class PylateStack:
