@@ -71,6 +71,18 @@ class CellParams(BaseModel):
         return name
 
 
+def resolve_auto(device: str, preset: str) -> tuple[str, str]:
+    """The notebooks' defaults: ``device="auto"`` is CUDA when a GPU is visible, else the CPU;
+    ``preset="auto"`` is the published model on CUDA and the tiny one on the CPU. So
+    ``papermill notebooks/colpali.ipynb out.ipynb -p batch 128 -p variant lik`` runs the real cell
+    on a GPU host and a quick one on a laptop."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if preset == "auto":
+        preset = "full" if torch.device(device).type == "cuda" else "tiny"
+    return device, preset
+
+
 class CellError(ValueError):
     """A cell that cannot run as asked; raised before any GPU work."""
 

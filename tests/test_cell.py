@@ -121,3 +121,14 @@ def test_a_cell_that_sees_two_gpus_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(CellError, match="sees 2 CUDA devices"):
         validate(params(tmp_path, device="cuda"), ToyStack())
+
+
+def test_auto_picks_the_device_and_preset_the_machine_can_run():
+    import torch
+
+    from harness.cell import resolve_auto
+
+    expected = ("cuda", "full") if torch.cuda.is_available() else ("cpu", "tiny")
+    assert resolve_auto("auto", "auto") == expected
+    assert resolve_auto("cpu", "auto") == ("cpu", "tiny")
+    assert resolve_auto("cpu", "full") == ("cpu", "full")  # explicit choices are kept

@@ -150,3 +150,21 @@ def test_a_local_checkpoint_and_local_shards_load_like_the_hub(tmp_path):
     (call,) = result.maxsim_calls_in_train
     # 560x700 pages stay under the cap (392,000 px): 40x50 patches of 14 px, merged 2x2 -> 20*25 = 500 tokens
     assert call.doc_shape[1] == 500 + PROMPT_TOKENS
+
+
+def test_the_notebook_runs_with_only_batch_and_variant_given(tmp_path):
+    """`papermill notebooks/colpali.ipynb out.ipynb -p batch 128 -p variant lik` is the documented call: device
+    and preset default to "auto" (here, without a GPU: the CPU and the tiny preset)."""
+    from pathlib import Path
+
+    import papermill
+
+    from harness.results import load_result
+
+    root = Path(__file__).resolve().parent.parent
+    output = tmp_path / "cell.json"
+    papermill.execute_notebook(str(root / "notebooks" / "colpali.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
+                               parameters={"batch": 2, "variant": "vanilla", "steps": 1, "output": str(output)},
+                               cwd=str(root), progress_bar=False)  # fmt: skip
+    result = load_result(output)
+    assert (result.outcome, result.preset, result.env.device, result.batch_size) == ("ok", "tiny", "cpu", 2)
