@@ -128,28 +128,43 @@ def test_a_local_checkpoint_and_local_shards_load_like_the_hub(tmp_path):
     import datasets
     from PIL import Image
 
+    import shutil
+
     checkpoint = tmp_path / "colqwen2-checkpoint"  # laid out like vidore/colqwen2-base
-    model, processor, _ = colqwen2_model.load(None, "tiny", 42, "cpu")
+    model, _, _ = colqwen2_model.load(None, "tiny", 42, "cpu")
     model.save_pretrained(checkpoint)
-    processor.save_pretrained(checkpoint)
+    # the processor files as the hub has them: Qwen2-VL's pixel range, *without* colpali-engine's cap
+    shutil.copytree(colqwen2_model.materialize_processor(), checkpoint, dirs_exist_ok=True)
+    assert '"longest_edge": 12845056' in (checkpoint / "processor_config.json").read_text()
     shards = tmp_path / "colpali_train_set" / "data"  # laid out like the dataset repository
     shards.mkdir(parents=True)
     features = datasets.Features({"query": datasets.Value("string"), "image": datasets.Image(),
                                   "source": datasets.Value("string")})  # fmt: skip
     rows = {"query": [f"What is shown in figure {i}?" for i in range(6)],
-            "image": [Image.new("RGB", (560, 700)) for i in range(6)], "source": ["docvqa"] * 6}  # fmt: skip
+            "image": [Image.new("RGB", (560, 700)) for i in range(5)] + [Image.new("RGB", (1700, 2200))],
+            "source": ["docvqa"] * 6}  # fmt: skip
     datasets.Dataset.from_dict(rows, features=features).to_parquet(shards / "train-00000-of-00002.parquet")
     datasets.Dataset.from_dict(rows, features=features).to_parquet(shards / "train-00001-of-00002.parquet")
 
     loaded, source = colpali_data.load_train_set(str(shards.parent), 4, 42)
     assert len(loaded) == 4 and source.endswith("train-00000-of-00002.parquet:rows=4")
     assert isinstance(loaded[0]["image"], Image.Image)
-    result = cell(tmp_path, model_source=str(checkpoint), data_source=str(shards.parent), steps=1)
+    loaded, source = colpali_data.load_train_set(str(shards.parent), 8, 42)  # reads the next shard too
+    assert len(loaded) == 8 and "train-00001-of-00002.parquet" in source
+    with pytest.raises(ValueError, match="fewer than the 13"):
+        colpali_data.load_train_set(str(shards.parent), 13, 42)
+    result = cell(tmp_path, model_source=str(checkpoint), data_source=str(shards.parent), batch_size=6, steps=1)
     assert result.outcome == "ok"
     assert result.env.model_source == f"local:{checkpoint}" and result.env.data_source.startswith("local:")
     (call,) = result.maxsim_calls_in_train
-    # 560x700 pages stay under the cap (392,000 px): 40x50 patches of 14 px, merged 2x2 -> 20*25 = 500 tokens
-    assert call.doc_shape[1] == 500 + PROMPT_TOKENS
+    # the 1700x2200 page is capped by from_pretrained(max_num_visual_tokens=768): 24*31 = 744 tokens (uncapped:
+    # 79*61 = 4819 tokens); the 560x700 pages stay under the cap (20*25 = 500)
+    assert call.doc_shape[1] == 744 + PROMPT_TOKENS
+
+
+def test_real_data_with_the_offline_processor_is_refused_before_anything_is_built(tmp_path):
+    with pytest.raises(CellError, match="real data"):
+        cell(tmp_path, data_source="hub")
 
 
 def test_the_notebook_runs_with_only_batch_and_variant_given(tmp_path):

@@ -77,7 +77,9 @@ def release(package: str) -> tuple[int, ...]:
     """The installed release of ``package`` as comparable numbers, e.g. ``(0, 3, 18)``."""
     from importlib.metadata import version
 
-    return tuple(int(part) for part in version(package).split(".")[:3] if part.isdigit())
+    from packaging.version import Version
+
+    return Version(version(package)).release  # "0.3.18rc1" -> (0, 3, 18), as pip orders releases
 
 
 def switch_backend(variant: str, *, native: bool, variable: str, values: dict[str, str], library: str) -> str:

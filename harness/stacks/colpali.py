@@ -90,7 +90,14 @@ class ColpaliStack:
     op = ColpaliInBatchMaxSim()
 
     def check(self, params) -> None:  # type: ignore[no-untyped-def]
-        """Nothing beyond the shared checks: both variants run on every supported release."""
+        """Refuse, before any GPU work, real data with the offline processor."""
+        if params.model_source is None and params.data_source not in (None, "synthetic"):
+            # The offline tokenizer's merges are learned from the synthetic queries; real text would
+            # split into about twice as many tokens as Qwen2's, and the grid would grow with it.
+            raise ValueError(
+                "real data (data_source) needs the real ColQwen2 processor: pass model_source='hub' or a checkpoint "
+                "directory holding the processor; the offline processor only tokenizes the synthetic queries realistically."
+            )
 
     def build(self, params, device: torch.device) -> BuiltCell:  # type: ignore[no-untyped-def]
         from colpali_engine.data.dataset import ColPaliEngineDataset

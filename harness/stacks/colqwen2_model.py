@@ -44,6 +44,7 @@ SPECIAL_TOKENS = (
     "<|image_pad|>",
     "<|video_pad|>",
 )  # ids 151643 … 151656, in this order
+PROCESSOR_BUILD = 1  # bump when the tokenizer, its corpus or the image processor changes: a new cache entry
 LEARNED_MERGES_VOCAB = 8000  # BPE entries learned from the synthetic text before padding
 # Qwen2-VL's preprocessor_config.json: the pixel range before colpali-engine's cap.
 IMAGE_PROCESSOR = dict(
@@ -150,7 +151,7 @@ def materialize_processor(seed: int = 0) -> Path:
     from colpali_engine.models import ColQwen2Processor
     from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
-    target = cache_dir() / "processors" / f"colqwen2-offline-seed{seed}"
+    target = cache_dir() / "processors" / f"colqwen2-offline-v{PROCESSOR_BUILD}-seed{seed}"
     if (target / "processor_config.json").exists() or (target / "preprocessor_config.json").exists():
         return target
     staging = target.with_name(f"{target.name}.partial-{os.getpid()}")
