@@ -24,7 +24,8 @@ def summary(result: CellResult) -> pd.DataFrame:
     """The cell's outcome, step peaks and steady step time as a one-column table."""
     rows = {
         "cell": f"{result.stack} / {result.regime} / B={result.batch_size} / {result.variant}"
-        + (f" / chunk {result.score_mini_batch_size}" if result.score_mini_batch_size else ""),
+        + (f" / chunk {result.score_mini_batch_size}" if result.score_mini_batch_size else "")
+        + (f" / {result.negatives} negatives" if result.negatives else ""),
         "card": result.card,
         "outcome": result.outcome,
         "OOM (first line)": result.oom_message,
@@ -55,3 +56,15 @@ def step_times(result: CellResult) -> pd.DataFrame:
             "autotuned": [i in result.autotune_steps for i in range(len(result.step_times_sec))],
         }
     )
+
+
+def op_timing(result: CellResult) -> pd.DataFrame:
+    """An op-level cell's forward + backward time: median, spread and extremes over its repetitions."""
+    times = pd.Series(result.step_times_sec, dtype=float)
+    if times.empty:
+        return pd.DataFrame({"value": {"repetitions": 0}})
+    return pd.DataFrame({"value": {
+        "repetitions": len(times), "median (s)": times.median(), "p10 (s)": times.quantile(0.1),
+        "p90 (s)": times.quantile(0.9), "min (s)": times.min(), "max (s)": times.max(),
+        "queries / s": result.samples_per_sec,
+    }})  # fmt: skip

@@ -64,8 +64,8 @@ class VanillaPrediction:
     """
 
     grid_bytes: int
-    forward_transient_bytes: int
-    saved_for_backward_bytes: int
+    forward_transient_bytes: int | None  # None where only the grids are modelled
+    saved_for_backward_bytes: int | None
 
 
 class MaxSimOp(abc.ABC):

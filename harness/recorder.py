@@ -46,10 +46,14 @@ def op_call(
         doc_mask_shape=None if shape.doc_mask_shape is None else list(shape.doc_mask_shape),
         dtype=shape.dtype,
         predicted_grid_mib=to_mib(prediction.grid_bytes),
-        predicted_forward_transient_mib=to_mib(prediction.forward_transient_bytes),
-        predicted_saved_for_backward_mib=to_mib(prediction.saved_for_backward_bytes),
+        predicted_forward_transient_mib=_mib_or_none(prediction.forward_transient_bytes),
+        predicted_saved_for_backward_mib=_mib_or_none(prediction.saved_for_backward_bytes),
         **measured,
     )
+
+
+def _mib_or_none(value: int | None) -> float | None:
+    return None if value is None else to_mib(value)
 
 
 class OpRecorder:

@@ -284,3 +284,80 @@ def headline(cells: pd.DataFrame, stack: str, regime: str, batch: int, backend: 
     if row.empty:
         return "not measured yet"
     return _our_text(row.iloc[0])
+
+
+def op_level(cells: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
+    """Op-level cells (a loss head alone), one row each, with the head's isolated memory joined in."""
+    if cells.empty or "negatives" not in cells:
+        return pd.DataFrame()
+    ops = cells[cells["stack"].str.startswith("op-")].copy()
+    if ops.empty:
+        return ops
+    ops["negatives"] = ops["negatives"].astype("Int64")
+    memory = calls[calls["stack"].str.startswith("op-")] if not calls.empty else calls
+    keys = ["stack", "regime", "batch_size", "negatives", "variant"]
+    if not memory.empty:
+        memory = memory.assign(negatives=memory["negatives"].astype("Int64"))
+        footprint = memory.assign(total_mib=memory["saved_for_backward_mib"] + memory["backward_transient_peak_mib"])
+        ops = ops.merge(footprint[keys + ["saved_for_backward_mib", "backward_transient_peak_mib", "total_mib"]], on=keys, how="left")
+    return ops
+
+
+def op_speed_table(ops: pd.DataFrame) -> pd.DataFrame:
+    """Median forward + backward time per head, batch and negatives: each backend beside vanilla."""
+    if ops.empty:
+        return pd.DataFrame()
+    rows = []
+    for (stack, head, batch, negatives), group in ops.groupby(["stack", "regime", "batch_size", "negatives"], dropna=False):
+        by_variant = group.set_index("variant")
+        base = by_variant["steady_step_time_sec"].get("vanilla")
+        for variant, row in by_variant.iterrows():
+            oom = row["outcome"] == "oom"
+            rows.append({
+                "head": f"{stack.removeprefix('op-')} {head}", "batch": batch,
+                "negatives": "" if pd.isna(negatives) else int(negatives), "backend": variant,
+                "ms (median)": "OOM" if oom else _number(1000 * row["steady_step_time_sec"], ".2f"),
+                "p10–p90 ms": "" if oom else _spread_ms(row),
+                "speedup vs vanilla": "" if oom or _missing(base) or variant == "vanilla"
+                else f"{base / row['steady_step_time_sec']:.2f}×",
+                "held + bwd spike MiB": "" if _missing(row.get("total_mib")) else f"{row['total_mib']:.1f}",
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _spread_ms(row: pd.Series) -> str:
+    times = pd.Series(load_times(row["path"]), dtype=float) * 1000
+    return "" if times.empty else f"{times.quantile(0.1):.2f}–{times.quantile(0.9):.2f}"
+
+
+def load_times(path: str) -> list[float]:
+    """The repetition times of one op-level cell (its result file)."""
+    from harness.results import load_result
+
+    return load_result(path).step_times_sec
+
+
+def plot_op_speedup(ops: pd.DataFrame, title: str):  # type: ignore[no-untyped-def]
+    """Fused speedup over vanilla vs batch size, one line per head × negatives × backend."""
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    done = ops[ops["outcome"] == "ok"]
+    for (stack, head, negatives, variant), group in done.groupby(["stack", "regime", "negatives", "variant"], dropna=False):
+        if variant == "vanilla":
+            continue
+        vanilla = done[(done["stack"] == stack) & (done["regime"] == head) & (done["variant"] == "vanilla")
+                       & (done["negatives"].fillna(-1) == (-1 if pd.isna(negatives) else negatives))]  # fmt: skip
+        joined = group.merge(vanilla[["batch_size", "steady_step_time_sec"]], on="batch_size", suffixes=("", "_vanilla"))
+        if joined.empty:
+            continue
+        joined = joined.sort_values("batch_size")
+        label = f"{stack.removeprefix('op-')} {head}" + ("" if pd.isna(negatives) else f" N={int(negatives)}") + f" · {variant}"
+        axis.plot(joined["batch_size"], joined["steady_step_time_sec_vanilla"] / joined["steady_step_time_sec"], marker="o", label=label)
+    axis.axhline(1.0, color="grey", linewidth=0.8)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("batch size")
+    axis.set_ylabel("speedup over vanilla (forward + backward)")
+    axis.set_title(title)
+    if axis.lines[1:]:
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    return figure

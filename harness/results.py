@@ -49,8 +49,8 @@ class OpCall(_Record):
     saved_for_backward_mib: float | None = None
     backward_transient_peak_mib: float | None = None
     predicted_grid_mib: float
-    predicted_forward_transient_mib: float
-    predicted_saved_for_backward_mib: float
+    predicted_forward_transient_mib: float | None = None  # None: no exact model for this op (grids only)
+    predicted_saved_for_backward_mib: float | None = None
     oom_in_forward: bool = False
     oom_in_replay: bool = False
     oom_message: str | None = None
@@ -85,6 +85,7 @@ class CellResult(_Record):
     batch_size: int = Field(gt=0)
     variant: str
     score_mini_batch_size: int | None = None
+    negatives: int | None = None  # op-level cells of heads with explicit negatives: negatives per query
     card: str
     steps: int = Field(gt=0)
     seed: int
@@ -167,7 +168,7 @@ def result_paths(root: str | os.PathLike[str]) -> list[Path]:
 
 
 _CELL_COLUMNS = [
-    "stack", "regime", "batch_size", "variant", "score_mini_batch_size", "card", "steps", "seed", "preset",
+    "stack", "regime", "batch_size", "variant", "score_mini_batch_size", "negatives", "card", "steps", "seed", "preset",
     "outcome", "oom_message", "oom_where", "pre_oom_alloc_mib", "pre_oom_reserved_mib",
     "step_peak_alloc_mib", "step_peak_reserved_mib", "steady_step_time_sec", "samples_per_sec",
     "backend_entry_point_calls",

@@ -37,7 +37,7 @@ from harness.results import CellResult, ResultError, load_result, write_result
 from harness.stacks import STACK_INFO, check_cell
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPANDABLE = ("batch_size", "variant", "regime", "score_mini_batch_size", "card", "seed")
+EXPANDABLE = ("batch_size", "variant", "regime", "score_mini_batch_size", "negatives", "card", "seed")
 
 
 class GridError(ValueError):
@@ -55,6 +55,7 @@ class CellPlan(BaseModel):
     batch_size: int = Field(gt=0)
     variant: str
     score_mini_batch_size: int | None = Field(default=None, gt=0)
+    negatives: int | None = Field(default=None, gt=0)  # op-level heads with explicit negatives
     card: str = "native"
     steps: int = Field(default=4, gt=0)
     seed: int = 42
@@ -68,12 +69,14 @@ class CellPlan(BaseModel):
     @property
     def cell_id(self) -> str:
         chunk = f"-chunk{self.score_mini_batch_size}" if self.score_mini_batch_size else ""
-        return f"{self.stack}-{self.regime}-b{self.batch_size}-{self.variant}{chunk}-{self.card}"
+        negatives = f"-n{self.negatives}" if self.negatives else ""
+        return f"{self.stack}-{self.regime}-b{self.batch_size}{negatives}-{self.variant}{chunk}-{self.card}"
 
     @property
     def title(self) -> str:
         chunk = f" + chunk {self.score_mini_batch_size}" if self.score_mini_batch_size else ""
-        return f"{self.stack} · {self.regime} · B={self.batch_size} · {self.variant}{chunk} · {self.card}"
+        negatives = f" · {self.negatives} negatives" if self.negatives else ""
+        return f"{self.stack} · {self.regime} · B={self.batch_size}{negatives} · {self.variant}{chunk} · {self.card}"
 
     def result_path(self, results_dir: Path) -> Path:
         return results_dir / self.grid / self.stack / self.regime / f"{self.cell_id}.json"
@@ -94,7 +97,10 @@ class CellPlan(BaseModel):
             "seed": self.seed, "preset": self.preset, "model_source": self.model_source,
             "data_source": self.data_source, "device": self.device, "output": str(output),
         }  # fmt: skip
-        if self.stack != "pylate":
+        if STACK_INFO[self.stack].op_level:  # a loss head alone: its repetitions, negatives; no model or data
+            parameters = {key: parameters[key] for key in ("batch", "variant", "regime", "seed", "device", "output")}
+            parameters.update(stack=self.stack, negatives=self.negatives, reps=self.steps)
+        elif self.stack != "pylate":
             del parameters["score_mini_batch_size"]  # PyLate's chunking: no such parameter elsewhere
         return parameters
 
@@ -139,8 +145,18 @@ def load_grid(path: str | os.PathLike[str], stacks: Sequence[str] | None = None)
 def _check(plan: CellPlan) -> None:
     if plan.stack not in STACK_INFO:
         raise ValueError(f"unknown stack {plan.stack!r}; choose one of {sorted(STACK_INFO)}")
-    check_cell(plan.stack, STACK_INFO[plan.stack].regimes, plan.regime, plan.score_mini_batch_size)
-    backends.check_supported(plan.variant, plan.stack)
+    info = STACK_INFO[plan.stack]
+    if info.op_level:
+        from harness.opbench import check_op
+
+        check_op(plan.stack, plan.regime, plan.negatives)
+        if plan.card != "native" or plan.score_mini_batch_size:
+            raise ValueError("op-level cells run on the native card without chunking.")
+    else:
+        check_cell(plan.stack, info.regimes, plan.regime, plan.score_mini_batch_size)
+        if plan.negatives:
+            raise ValueError(f"negatives are for op-level heads; the {plan.stack} stack trains without explicit negatives.")
+    backends.check_supported(plan.variant, info.library)
     cards.card(plan.card)
     if not plan.source_notebook().exists():
         raise ValueError(f"the {plan.stack} notebook {plan.source_notebook()} does not exist yet")
@@ -196,7 +212,7 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
         marker = CellResult(
             stack=plan.stack, regime=plan.regime, batch_size=plan.batch_size, variant=plan.variant,
             score_mini_batch_size=plan.score_mini_batch_size, card=plan.card, steps=plan.steps, seed=plan.seed,
-            preset=plan.preset, outcome="crashed", crash_log_tail=tail, wall_sec=seconds,
+            negatives=plan.negatives, preset=plan.preset, outcome="crashed", crash_log_tail=tail, wall_sec=seconds,
         )  # fmt: skip
         write_result(marker, result_path)
         _publish_notebook(running_path, notebook_path, f"{plan.title} — crashed")
@@ -301,7 +317,8 @@ def summary(plans: Sequence[CellPlan], results_dir: Path, seconds: float) -> str
 def skypilot_task(grid_path: Path, plans: Sequence[CellPlan]) -> dict[str, Any]:
     """A SkyPilot task that creates the environments its stacks need and runs this grid."""
     stacks = sorted({p.stack for p in plans})
-    setup = [f"python3 tools/envs.py create {STACK_INFO[s].environment} --torch system" for s in stacks]
+    environments = sorted({STACK_INFO[s].environment for s in stacks})
+    setup = [f"python3 tools/envs.py create {environment} --torch system" for environment in environments]
     relative = grid_path.resolve().relative_to(ROOT)
     return {
         "name": f"maxsim-{plans[0].grid}" if plans else "maxsim-sweep",

@@ -93,3 +93,26 @@ def test_a_stack_page_screenshot_shows_its_table_and_plot(tmp_path):
     colourful = (np.ptp(pixels, axis=2) > 60).mean()  # saturated pixels: plot lines and bars, not text
     assert ink > 0.03, "the page looks blank"
     assert colourful > 0.005, "no plot colours on the page"
+
+
+@pytest.mark.pylate
+def test_op_level_cells_give_a_speed_table_and_a_speedup_plot(tmp_path):
+    from harness.opbench import OpCellParams, run_op_cell
+    from harness.results import write_result
+
+    folder = tmp_path / "op" / "op-pylate" / "inbatch"
+    for batch in (2, 4):
+        vanilla = run_op_cell(OpCellParams(stack="op-pylate", head="inbatch", batch_size=batch, reps=4, warmup=1, rotate=2,
+                                           query_length=6, doc_length=10, device="cpu", output=folder / f"b{batch}-vanilla.json"))  # fmt: skip
+        # a fused cell cannot run on the CPU: the same record relabelled, twice as fast, stands in for it
+        fused = vanilla.model_copy(update={
+            "variant": "lik", "steady_step_time_sec": vanilla.steady_step_time_sec / 2,
+            "maxsim_calls_isolated": [c.model_copy(update={"variant": "lik"}) for c in vanilla.maxsim_calls_isolated],
+        })  # fmt: skip
+        write_result(fused, folder / f"b{batch}-lik.json")
+    cells, calls = report.load(tmp_path)
+    table = report.op_speed_table(report.op_level(cells, calls))
+    assert len(table) == 4 and set(table["speedup vs vanilla"]) == {"", "2.00×"}
+    assert all(table["held + bwd spike MiB"] != "")
+    figure = report.plot_op_speedup(report.op_level(cells, calls), "op")
+    assert len(figure.axes[0].lines) == 2  # the lik speedup line and the 1× reference

@@ -114,3 +114,33 @@ def test_every_cell_sees_exactly_one_gpu():
     assert sweep.cell_environment("1", {"CUDA_VISIBLE_DEVICES": "0,1"})["CUDA_VISIBLE_DEVICES"] == "1"
     assert sweep.cell_environment(None, {"CUDA_VISIBLE_DEVICES": "3,5"})["CUDA_VISIBLE_DEVICES"] == "3"
     assert sweep.cell_environment(None, {})["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_op_level_cells_run_through_the_same_sweep(tmp_path):
+    grid = {
+        "name": "op-tiny",
+        "defaults": {"device": "cpu", "card": "native", "steps": 2, "kernel": "python3"},
+        "cells": [{"stack": "op-pylate", "regime": "inbatch", "batch_size": [2, 3], "variant": "vanilla"}],
+    }
+    path = tmp_path / "op.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    plans = sweep.load_grid(path)
+    runs = sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", echo=lambda line: None)
+    assert [(r.plan.batch_size, r.outcome) for r in runs] == [(2, "ok"), (3, "ok")]
+    result = load_result(plans[1].result_path(tmp_path / "results"))
+    assert result.preset == "op" and len(result.step_times_sec) == 2
+    assert result.maxsim_calls_isolated[0].query_shape == [3, 48, 128]
+
+
+def test_the_op_grid_expands_and_rejects_negatives_where_they_do_not_belong(tmp_path):
+    plans = sweep.load_grid(ROOT / "grids" / "op.yaml")
+    assert len(plans) == 3 * 2 + 2 * 3 * 3 * 2 + 5 * 3
+    assert "op-colpali-negative-ce-b256-n16-lik-native" in {p.cell_id for p in plans}
+    bad = {"name": "bad", "defaults": {"device": "cpu"},
+           "cells": [{"stack": "pylate", "regime": "plain", "batch_size": 2, "variant": "vanilla", "negatives": 4},
+                     {"stack": "op-colpali", "regime": "negative-ce", "batch_size": 2, "variant": "vanilla"}]}  # fmt: skip
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(sweep.GridError) as error:
+        sweep.load_grid(path)
+    assert "negatives are for op-level heads" in str(error.value) and "needs negatives" in str(error.value)

@@ -28,16 +28,21 @@ class StackInfo:
     environment): its regimes, environment, Jupyter kernel and cell notebook."""
 
     name: str
-    regimes: tuple[str, ...]
+    regimes: tuple[str, ...]  # op-level stacks: their loss heads
     environment: str
     kernel: str
     notebook: str
+    library: str  # whose MaxSim it is: the backends' stack name
+    op_level: bool = False  # a loss head alone (harness.opbench), not a training cell
 
 
 STACK_INFO = {
-    "colpali": StackInfo("colpali", ("plain",), "colpali", "maxsim-colpali", "notebooks/colpali.ipynb"),
-    "pylate": StackInfo("pylate", ("plain", "grad-checkpoint"), "pylate", "maxsim-pylate", "notebooks/pylate.ipynb"),
-}
+    "colpali": StackInfo("colpali", ("plain",), "colpali", "maxsim-colpali", "notebooks/colpali.ipynb", "colpali"),
+    "pylate": StackInfo("pylate", ("plain", "grad-checkpoint"), "pylate", "maxsim-pylate", "notebooks/pylate.ipynb", "pylate"),
+    "op-colpali": StackInfo("op-colpali", ("inbatch", "negative-ce", "pairwise-negative-ce"), "colpali", "maxsim-colpali",
+                            "notebooks/op.ipynb", "colpali", op_level=True),
+    "op-pylate": StackInfo("op-pylate", ("inbatch",), "pylate", "maxsim-pylate", "notebooks/op.ipynb", "pylate", op_level=True),
+}  # fmt: skip
 
 
 @dataclasses.dataclass
