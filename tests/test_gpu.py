@@ -81,3 +81,19 @@ def test_the_autotune_watch_sees_a_fused_kernel_tune_for_a_new_key(probe):
     with again.active():
         replay_shapes(ColpaliInBatchMaxSim(), [shape], "lik", probe)
     assert first.events >= 1 and again.events == 0
+
+
+@pytest.mark.colpali
+@pytest.mark.parametrize("variant", ["vanilla", "lik"])
+def test_an_op_level_negative_head_is_timed_with_cuda_events(tmp_path, probe, variant):
+    from harness.opbench import OpCellParams, run_op_cell
+
+    result = run_op_cell(OpCellParams(stack="op-colpali", head="negative-ce", batch_size=32, negatives=4, variant=variant,
+                                      reps=10, device="cuda", output=tmp_path / "op.json"))  # fmt: skip
+    assert result.outcome == "ok" and len(result.step_times_sec) == 10 and result.steady_step_time_sec > 0
+    (replay,) = result.maxsim_calls_isolated
+    if variant == "lik":
+        assert result.backend_entry_point_calls >= 10  # every timed repetition reached the kernel
+        assert replay.saved_for_backward_mib * MIB < replay.predicted_grid_mib * MIB / 10  # no grids kept
+    else:
+        assert replay.saved_for_backward_mib * MIB >= replay.predicted_grid_mib * MIB
