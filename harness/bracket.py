@@ -28,12 +28,24 @@ class PeakLedger:
         self.probe = probe
         self.peak_allocated_bytes = 0
         self.peak_reserved_bytes = 0
+        # the same maxima since the current training step began (see start_step)
+        self.step_allocated_bytes = 0
+        self.step_reserved_bytes = 0
 
     def fold(self) -> None:
-        """Fold the probe's current peak window into the run maxima."""
+        """Fold the probe's current peak window into the run (and step) maxima."""
         self.probe.synchronize()
-        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.probe.peak_allocated_bytes())
-        self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.probe.peak_reserved_bytes())
+        allocated, reserved = self.probe.peak_allocated_bytes(), self.probe.peak_reserved_bytes()
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, allocated)
+        self.peak_reserved_bytes = max(self.peak_reserved_bytes, reserved)
+        self.step_allocated_bytes = max(self.step_allocated_bytes, allocated)
+        self.step_reserved_bytes = max(self.step_reserved_bytes, reserved)
+
+    def start_step(self) -> None:
+        """Begin a step's own maxima: fold, reset the peak window, start the step maxima from now."""
+        self.reset_window()
+        self.step_allocated_bytes = self.probe.allocated_bytes()
+        self.step_reserved_bytes = self.probe.reserved_bytes()
 
     def reset_window(self) -> None:
         """Fold, then start a fresh peak window (the only safe way to reset peaks)."""

@@ -143,7 +143,7 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
     ledger = PeakLedger(probe)
     recorder = OpRecorder(stack.op, params.variant, ledger)
     watch = AutotuneWatch()
-    timer = StepTimer(device, watch, on_step=lambda step: setattr(recorder, "step", step))
+    timer = StepTimer(device, watch, on_step=lambda step: setattr(recorder, "step", step), ledger=ledger)
     counters = {name: backends.EntryPointCounter(name) for name in _countable_backends(stack.op.stack)}
     outcome, oom_message, oom_where = "ok", None, None
     samples_per_step = params.batch_size
@@ -193,6 +193,8 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
         step_peak_alloc_mib=peak_alloc,
         step_peak_reserved_mib=peak_reserved,
         step_times_sec=timer.step_times_sec,
+        step_peak_alloc_per_step_mib=[to_mib(n) for n in timer.step_peak_allocated_bytes],
+        step_peak_reserved_per_step_mib=[to_mib(n) for n in timer.step_peak_reserved_bytes],
         autotune_steps=timer.autotune_steps,
         steady_steps=steady,
         steady_step_time_sec=steady_time,

@@ -47,8 +47,9 @@ def summary(result: CellResult) -> pd.DataFrame:
 
 
 def step_times(result: CellResult) -> pd.DataFrame:
+    """One row per step: its time, whether it counts as steady, and (newer results) its own peaks."""
     steady = set(result.steady_steps)
-    return pd.DataFrame(
+    frame = pd.DataFrame(
         {
             "step": range(len(result.step_times_sec)),
             "seconds": result.step_times_sec,
@@ -56,6 +57,11 @@ def step_times(result: CellResult) -> pd.DataFrame:
             "autotuned": [i in result.autotune_steps for i in range(len(result.step_times_sec))],
         }
     )
+    if len(result.step_peak_alloc_per_step_mib) == len(frame):
+        frame["peak allocated MiB"] = result.step_peak_alloc_per_step_mib
+        frame["peak reserved MiB"] = result.step_peak_reserved_per_step_mib
+        frame["reserved − allocated MiB"] = frame["peak reserved MiB"] - frame["peak allocated MiB"]
+    return frame
 
 
 def op_timing(result: CellResult) -> pd.DataFrame:

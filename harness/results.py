@@ -99,6 +99,9 @@ class CellResult(_Record):
     step_peak_alloc_mib: float | None = None
     step_peak_reserved_mib: float | None = None
     step_times_sec: list[float] = Field(default_factory=list)
+    # per completed step: its own peak allocated / reserved (fragmentation = reserved - allocated)
+    step_peak_alloc_per_step_mib: list[float] = Field(default_factory=list)
+    step_peak_reserved_per_step_mib: list[float] = Field(default_factory=list)
     autotune_steps: list[int] = Field(default_factory=list)
     steady_steps: list[int] = Field(default_factory=list)
     steady_step_time_sec: float | None = None

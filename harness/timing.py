@@ -13,9 +13,13 @@ import functools
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import TrainerCallback
+
+if TYPE_CHECKING:
+    from harness.bracket import PeakLedger
 
 
 class AutotuneWatch:
@@ -65,12 +69,18 @@ def steady_state(
 class StepTimer(TrainerCallback):
     """Times every optimizer step (synchronized) and notes which steps autotuned."""
 
-    def __init__(self, device: torch.device, watch: AutotuneWatch, on_step: Callable[[int], None] | None = None) -> None:
+    def __init__(self, device: torch.device, watch: AutotuneWatch, on_step: Callable[[int], None] | None = None,
+                 ledger: "PeakLedger | None" = None) -> None:  # fmt: skip
         self.device = device
         self.watch = watch
         self.on_step = on_step
+        self.ledger = ledger
         self.step_times_sec: list[float] = []
         self.autotune_steps: list[int] = []
+        # per completed step, when a ledger is given: its peak allocated and reserved bytes, so the
+        # fragmentation (reserved - allocated) and its growth across steps can be read
+        self.step_peak_allocated_bytes: list[int] = []
+        self.step_peak_reserved_bytes: list[int] = []
         self._start = 0.0
         self._events_at_start = 0
 
@@ -82,11 +92,17 @@ class StepTimer(TrainerCallback):
         if self.on_step is not None:
             self.on_step(len(self.step_times_sec))
         self._synchronize()
+        if self.ledger is not None:
+            self.ledger.start_step()
         self._events_at_start = self.watch.events
         self._start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         self._synchronize()
         self.step_times_sec.append(time.perf_counter() - self._start)
+        if self.ledger is not None:
+            self.ledger.fold()
+            self.step_peak_allocated_bytes.append(self.ledger.step_allocated_bytes)
+            self.step_peak_reserved_bytes.append(self.ledger.step_reserved_bytes)
         if self.watch.events > self._events_at_start:
             self.autotune_steps.append(len(self.step_times_sec) - 1)

@@ -35,6 +35,12 @@ def test_a_cell_trains_records_every_call_and_replays_its_shape(tmp_path):
     assert round(isolated.saved_for_backward_mib * MIB) == grid + 4 * 4 * QUERY_LENGTH * 4 + 4 * 4 * 4
     assert result.step_peak_alloc_mib >= isolated.saved_for_backward_mib
     assert result.step_peak_reserved_mib == result.step_peak_alloc_mib  # no caching allocator on CPU
+    # each step's own peak: it holds the step's grid (B x B x Lq x Ld fp32) on top of the model, and
+    # the run peak is the largest of them or was reached outside the steps
+    per_step = result.step_peak_alloc_per_step_mib
+    assert len(per_step) == len(result.step_peak_reserved_per_step_mib) == 3
+    assert all(peak * MIB >= grid for peak in per_step) and max(per_step) <= result.step_peak_alloc_mib
+    assert result.step_peak_reserved_per_step_mib == per_step  # CPU: reserved is allocated
     assert result.env.seed == 42 and result.env.packages["torch"] and result.env.model_source == "toy:random"
     assert load_result(tmp_path / "cell.json") == result
 
