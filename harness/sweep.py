@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fnmatch
 import itertools
 import os
 import queue
@@ -344,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="list the cells and their state, run nothing")
     parser.add_argument("--rerun-crashed", action="store_true", help="run crashed cells again")
     parser.add_argument("--stack", action="append", help="only cells of this stack (repeatable)")
+    parser.add_argument("--match", action="append", metavar="GLOB",
+                        help="only cells whose id matches this shell pattern, e.g. '*-native' (repeatable)")  # fmt: skip
     parser.add_argument("--results-dir", type=Path, default=ROOT / "results")
     parser.add_argument("--notebooks-dir", type=Path, default=ROOT / "book" / "cells")
     parser.add_argument("--skypilot", type=Path, help="write a SkyPilot task file for this grid and exit")
@@ -353,6 +356,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GridError as error:
         print(error, file=sys.stderr)
         return 2
+    if args.match:
+        plans = [p for p in plans if any(fnmatch.fnmatchcase(p.cell_id, pattern) for pattern in args.match)]
+        if not plans:
+            print(f"no cell of {args.grid} matches {' or '.join(args.match)}", file=sys.stderr)
+            return 2
     if args.skypilot:
         args.skypilot.parent.mkdir(parents=True, exist_ok=True)
         args.skypilot.write_text(yaml.safe_dump(skypilot_task(args.grid, plans), sort_keys=False))

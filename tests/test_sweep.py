@@ -144,3 +144,11 @@ def test_the_op_grid_expands_and_rejects_negatives_where_they_do_not_belong(tmp_
     with pytest.raises(sweep.GridError) as error:
         sweep.load_grid(path)
     assert "negatives are for op-level heads" in str(error.value) and "needs negatives" in str(error.value)
+
+
+def test_match_selects_cells_by_id(capsys):
+    grid = str(ROOT / "grids" / "ours.yaml")
+    assert sweep.main([grid, "--match", "colpali-*-b256-*", "--dry-run"]) == 0
+    listed = [line.split()[-1] for line in capsys.readouterr().out.splitlines()[:-1]]
+    assert listed == ["colpali-plain-b256-vanilla-native", "colpali-plain-b256-lik-native"]
+    assert sweep.main([grid, "--match", "nothing-*", "--dry-run"]) == 2
