@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import tempfile
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -76,6 +77,25 @@ def check_cell(stack: str, regimes: tuple[str, ...], regime: str, score_mini_bat
         raise ValueError(f"unknown regime {regime!r} for the {stack} stack; choose one of {list(regimes)}.")
     if score_mini_batch_size is not None and stack != "pylate":
         raise ValueError(f"score_mini_batch_size is PyLate's chunking; the {stack} stack has no such option.")
+
+
+def measurement_arguments(params: "CellParams", device: torch.device) -> dict[str, Any]:
+    """TrainingArguments every measured cell shares, whatever its recipe: the cell's batch and steps,
+    no warm-up, seed = data_seed, and nothing saved, evaluated, logged or reported."""
+    return dict(
+        output_dir=tempfile.mkdtemp(prefix=f"{params.stack}-cell-"),
+        per_device_train_batch_size=params.batch_size,
+        max_steps=params.steps,
+        warmup_steps=0,
+        use_cpu=device.type == "cpu",
+        seed=params.seed,
+        data_seed=params.seed,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+    )
 
 
 def release(package: str) -> tuple[int, ...]:

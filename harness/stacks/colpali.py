@@ -17,12 +17,10 @@ also needs two trainer fixes under transformers 5.x, applied by :func:`trainer_c
 
 from __future__ import annotations
 
-import tempfile
-
 import torch
 
 from harness.ops import ColpaliInBatchMaxSim
-from harness.stacks import STACK_INFO, BuiltCell, colpali_data, colqwen2_model, release, switch_backend
+from harness.stacks import STACK_INFO, BuiltCell, colpali_data, colqwen2_model, measurement_arguments, release, switch_backend
 
 NATIVE_SWITCH_SINCE = (0, 3, 17)
 BACKEND_SWITCH = {"vanilla": "torch", "lik": "lik"}
@@ -109,32 +107,20 @@ class ColpaliStack:
         set_seed(params.seed)
         model, processor, model_source = colqwen2_model.load(params.model_source, params.preset, params.seed, str(device))
         rows, data_source = colpali_data.load_train_set(params.data_source, params.batch_size * params.steps, params.seed)
-        output_dir = tempfile.mkdtemp(prefix="colpali-cell-")
         args = TrainingArguments(
-            output_dir=output_dir,
-            per_device_train_batch_size=params.batch_size,
-            max_steps=params.steps,
+            **measurement_arguments(params, device),
             learning_rate=LEARNING_RATE,
-            warmup_steps=0,
             gradient_checkpointing=True,
             gradient_checkpointing_kwargs={"use_reentrant": False},
             bf16=True,
-            use_cpu=device.type == "cpu",
-            seed=params.seed,
-            data_seed=params.seed,
-            save_strategy="no",
-            eval_strategy="no",
-            logging_strategy="no",
-            report_to=[],
             dataloader_num_workers=DATALOADER_WORKERS if device.type == "cuda" else 0,
-            disable_tqdm=True,
         )
         config = ColModelTrainingConfig(
             model=model,
             processor=processor,
             train_dataset=ColPaliEngineDataset(rows, pos_target_column_name="image"),
             tr_args=args,
-            output_dir=output_dir,
+            output_dir=args.output_dir,
             run_eval=False,
             peft_config=lora_config(),
             loss_func=ColbertPairwiseCELoss(),

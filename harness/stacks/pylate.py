@@ -13,12 +13,10 @@ library and lik is ``late_interaction_kernels.patch_pylate()``; flash needs the 
 
 from __future__ import annotations
 
-import tempfile
-
 import torch
 
 from harness.ops import PylateColbertScores
-from harness.stacks import STACK_INFO, BuiltCell, msmarco, pylate_model, release, switch_backend
+from harness.stacks import STACK_INFO, BuiltCell, measurement_arguments, msmarco, pylate_model, release, switch_backend
 
 BACKEND_SWITCH = {"vanilla": "torch", "lik": "lik", "flash": "flash"}
 NATIVE_SWITCH_SINCE = (1, 5, 1)
@@ -63,21 +61,10 @@ class PylateStack:
         dataset, data_source = msmarco.load_triplets(params.data_source, params.batch_size * params.steps, params.seed)
         loss = losses.Contrastive(model=model, score_mini_batch_size=params.score_mini_batch_size)
         args = SentenceTransformerTrainingArguments(
-            output_dir=tempfile.mkdtemp(prefix="pylate-cell-"),
-            per_device_train_batch_size=params.batch_size,
-            max_steps=params.steps,
+            **measurement_arguments(params, device),
             learning_rate=LEARNING_RATE,
-            warmup_steps=0,
             bf16=device.type == "cuda",
-            use_cpu=device.type == "cpu",
-            seed=params.seed,
-            data_seed=params.seed,
-            save_strategy="no",
-            eval_strategy="no",
-            logging_strategy="no",
-            report_to=[],
             dataloader_num_workers=0,
-            disable_tqdm=True,
         )
         trainer = SentenceTransformerTrainer(
             model=model,
