@@ -326,15 +326,9 @@ def op_speed_table(ops: pd.DataFrame) -> pd.DataFrame:
 
 
 def _spread_ms(row: pd.Series) -> str:
-    times = pd.Series(load_times(row["path"]), dtype=float) * 1000
-    return "" if times.empty else f"{times.quantile(0.1):.2f}–{times.quantile(0.9):.2f}"
-
-
-def load_times(path: str) -> list[float]:
-    """The repetition times of one op-level cell (its result file)."""
-    from harness.results import load_result
-
-    return load_result(path).step_times_sec
+    if _missing(row["steady_step_p10_sec"]):
+        return ""
+    return f"{1000 * row['steady_step_p10_sec']:.2f}–{1000 * row['steady_step_p90_sec']:.2f}"
 
 
 def plot_op_speedup(ops: pd.DataFrame, title: str):  # type: ignore[no-untyped-def]

@@ -214,17 +214,25 @@ def _cell_summary(result: CellResult) -> dict[str, object]:
     alloc, reserved = result.step_peak_alloc_mib, result.step_peak_reserved_mib
     isolated = [c for c in result.maxsim_calls_isolated if not c.oom_in_replay]
     largest = max(isolated, key=lambda c: c.saved_for_backward_mib or 0.0, default=None)
+    steady = [result.step_times_sec[i] for i in result.steady_steps]
     return {
         "fragmentation_mib": None if alloc is None or reserved is None else reserved - alloc,
         "n_calls_in_train": len(result.maxsim_calls_in_train),
         "n_steady_steps": len(result.steady_steps),
-        "steady_step_min_sec": min((result.step_times_sec[i] for i in result.steady_steps), default=None),
-        "steady_step_max_sec": max((result.step_times_sec[i] for i in result.steady_steps), default=None),
+        "steady_step_min_sec": min(steady, default=None),
+        "steady_step_max_sec": max(steady, default=None),
+        "steady_step_p10_sec": _quantile(steady, 0.1),
+        "steady_step_p90_sec": _quantile(steady, 0.9),
         "op_saved_for_backward_mib": None if largest is None else largest.saved_for_backward_mib,
         "op_backward_transient_peak_mib": None if largest is None else largest.backward_transient_peak_mib,
         "op_forward_transient_peak_mib": None if largest is None else largest.forward_transient_peak_mib,
         "op_predicted_saved_for_backward_mib": None if largest is None else largest.predicted_saved_for_backward_mib,
     }
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile with linear interpolation (pandas' default), None for no values."""
+    return None if not values else float(pd.Series(values).quantile(q))
 
 
 def schema() -> dict[str, object]:
