@@ -144,7 +144,7 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
     recorder = OpRecorder(stack.op, params.variant, ledger)
     watch = AutotuneWatch()
     timer = StepTimer(device, watch, on_step=lambda step: setattr(recorder, "step", step), ledger=ledger)
-    counters = {name: backends.EntryPointCounter(name) for name in _countable_backends(stack.op.stack)}
+    counters = {name: backends.EntryPointCounter(name) for name in countable_backends(stack.op.stack)}
     outcome, oom_message, oom_where = "ok", None, None
     samples_per_step = params.batch_size
     model_source, data_source = params.model_source, params.data_source
@@ -172,7 +172,7 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
         isolated = replay_shapes(stack.op, recorder.shapes, params.variant, probe, seed=params.seed)
 
     entry_point_calls = counters[params.variant].calls if params.variant in counters else None
-    _check_backend_ran(params.variant, counters, sum(not call.oom_in_forward for call in recorder.calls))
+    check_backend_ran(params.variant, counters, sum(not call.oom_in_forward for call in recorder.calls))
     steady, steady_time = steady_state(timer.step_times_sec, timer.autotune_steps, params.warmup_steps)
     peak_alloc, peak_reserved = to_mib(ledger.peak_allocated_bytes), to_mib(ledger.peak_reserved_bytes)
     result = CellResult(
@@ -209,7 +209,7 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
     return result
 
 
-def _countable_backends(library: str) -> list[str]:
+def countable_backends(library: str) -> list[str]:
     """Fused backends of the op's ``library`` that are installed: their entry points can be counted."""
     return [
         name
@@ -222,7 +222,7 @@ class BackendPathError(RuntimeError):
     """The trainer did not run the backend the cell asked for."""
 
 
-def _check_backend_ran(variant: str, counters: dict[str, backends.EntryPointCounter], n_calls: int) -> None:
+def check_backend_ran(variant: str, counters: dict[str, backends.EntryPointCounter], n_calls: int) -> None:
     """A fused cell must have called its kernel; a vanilla cell must have called none."""
     for name, counter in counters.items():
         if name == variant and counter.calls < n_calls:

@@ -35,11 +35,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harness import backends, environment
 from harness.bracket import PeakLedger
+from harness.cell import CellError, check_backend_ran, check_writable, countable_backends
 from harness.memory import probe_for, to_mib
 from harness.ops import ColpaliInBatchMaxSim, DTYPES, MaxSimOp, OpShape, PylateColbertScores, VanillaPrediction, _embeddings
 from harness.recorder import first_line
 from harness.replay import replay_shapes
 from harness.results import CellResult, write_result
+from harness.stacks import STACK_INFO
 from harness.timing import AutotuneWatch
 
 COLPALI_LOSSES = {
@@ -47,7 +49,7 @@ COLPALI_LOSSES = {
     "negative-ce": "ColbertNegativeCELoss",
     "pairwise-negative-ce": "ColbertPairwiseNegativeCELoss",
 }
-OP_STACKS = {"op-colpali": tuple(COLPALI_LOSSES), "op-pylate": ("inbatch",)}
+OP_STACKS = {name: info.regimes for name, info in STACK_INFO.items() if info.op_level}  # stack -> its heads
 DEFAULT_LENGTHS = {"op-colpali": (32, 1030), "op-pylate": (48, 300)}
 MAX_EXTRA_WARMUP = 20  # repetitions allowed for autotuning to settle after the warm-up
 
@@ -120,16 +122,20 @@ class PylateScoresHead(PylateColbertScores):
 
 
 def head_op(stack: str, head: str) -> ColpaliLossHead | PylateScoresHead:
-    check_op(stack, head, None if head == "inbatch" else 1)
+    _check_head(stack, head)
     return ColpaliLossHead(head) if stack == "op-colpali" else PylateScoresHead()
 
 
-def check_op(stack: str, head: str, negatives: int | None) -> None:
-    """What any op cell must satisfy; checked alike by the op runner and the sweep's grid loader."""
+def _check_head(stack: str, head: str) -> None:
     if stack not in OP_STACKS:
         raise ValueError(f"unknown op stack {stack!r}; choose one of {sorted(OP_STACKS)}.")
     if head not in OP_STACKS[stack]:
         raise ValueError(f"unknown head {head!r} for {stack}; choose one of {list(OP_STACKS[stack])}.")
+
+
+def check_op(stack: str, head: str, negatives: int | None) -> None:
+    """What any op cell must satisfy; checked alike by the op runner and the sweep's grid loader."""
+    _check_head(stack, head)
     if head == "inbatch" and negatives is not None:
         raise ValueError(f"the {head} head has no explicit negatives; leave negatives unset.")
     if head != "inbatch" and not negatives:
@@ -158,7 +164,6 @@ class OpCellParams(BaseModel):
 
 def validate(params: OpCellParams) -> MaxSimOp:
     """Everything checkable without touching the device; returns the head to run."""
-    from harness.cell import CellError, check_writable
 
     try:
         check_op(params.stack, params.head, params.negatives)
@@ -175,8 +180,8 @@ def validate(params: OpCellParams) -> MaxSimOp:
 
 
 def time_head(op: MaxSimOp, shape: OpShape, variant: str, device: torch.device, reps: int, warmup: int, rotate: int,
-              seed: int) -> tuple[list[float], int]:  # fmt: skip
-    """Seconds per forward + backward for ``reps`` repetitions, and the kernel calls they made."""
+              seed: int, counters: Mapping[str, backends.EntryPointCounter]) -> list[float]:  # fmt: skip
+    """Seconds per forward + backward for ``reps`` repetitions; ``counters`` count the kernel calls they make."""
     generator = torch.Generator().manual_seed(seed)
     sets = [op.make_inputs(shape, device, generator) for _ in range(rotate)]
     cuda = device.type == "cuda"
@@ -198,7 +203,6 @@ def time_head(op: MaxSimOp, shape: OpShape, variant: str, device: torch.device, 
         return time.perf_counter() - began
 
     watch = AutotuneWatch()
-    counter = backends.EntryPointCounter(variant)
     with watch.active():
         for index in range(warmup):
             once(sets[index % rotate])
@@ -207,10 +211,12 @@ def time_head(op: MaxSimOp, shape: OpShape, variant: str, device: torch.device, 
             once(sets[index % rotate])
             if watch.events == before:
                 break
-        with counter.active() if variant != "vanilla" else contextlib.nullcontext():
+        with contextlib.ExitStack() as counting:
+            for counter in counters.values():
+                counting.enter_context(counter.active())
             times = [once(sets[index % rotate]) for index in range(reps)]
     del sets
-    return times, counter.calls
+    return times
 
 
 def run_op_cell(params: OpCellParams) -> CellResult:
@@ -223,7 +229,7 @@ def run_op_cell(params: OpCellParams) -> CellResult:
     shape = op.shape(params.batch_size, params.negatives, params.query_length or lq, params.doc_length or ld)  # type: ignore[attr-defined]
     ledger = PeakLedger(probe)
     times: list[float] = []
-    kernel_calls: int | None = None
+    counters = {name: backends.EntryPointCounter(name) for name in countable_backends(op.stack)}
     outcome, oom_message = "ok", None
     with probe:
         isolated = replay_shapes(op, [shape], params.variant, probe, seed=params.seed)
@@ -232,9 +238,8 @@ def run_op_cell(params: OpCellParams) -> CellResult:
         else:
             try:
                 ledger.reset_window()
-                times, calls = time_head(op, shape, params.variant, device, params.reps, params.warmup, params.rotate,
-                                         params.seed)  # fmt: skip
-                kernel_calls = None if params.variant == "vanilla" else calls
+                times = time_head(op, shape, params.variant, device, params.reps, params.warmup, params.rotate,
+                                  params.seed, counters)  # fmt: skip
             except torch.OutOfMemoryError as error:
                 outcome, oom_message = "oom", first_line(error)
                 error.__traceback__ = None
@@ -242,8 +247,8 @@ def run_op_cell(params: OpCellParams) -> CellResult:
             ledger.fold()
         gc.collect()
         probe.empty_cache()
-    if kernel_calls is not None and kernel_calls < len(times):
-        raise RuntimeError(f"variant {params.variant!r}: {len(times)} timed repetitions but {kernel_calls} kernel calls.")
+    check_backend_ran(params.variant, counters, len(times))  # every repetition reached the kernel, or none did
+    kernel_calls = counters[params.variant].calls if params.variant in counters else None
     median = statistics.median(times) if times else None
     result = CellResult(
         stack=params.stack, regime=params.head, batch_size=params.batch_size, variant=params.variant,
