@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harness import backends, cards, environment
+from harness import backends, cards, environment, gpu_gate
 from harness.bracket import PeakLedger
 from harness.memory import probe_for, to_mib
 from harness.recorder import OpRecorder, first_line
@@ -135,6 +135,7 @@ def check_writable(path: Path) -> None:
 def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
     """Run one cell and write its result to ``params.output``; returns the result."""
     stack = validate(params, stack)
+    gpu_gate.hold()  # under harness-sweep --cells-per-gpu: wait for this GPU before touching it
     started = time.perf_counter()
     probe = probe_for(params.device)
     device = probe.device  # with its index resolved (cuda -> cuda:0)

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness import backends, environment
+from harness import backends, environment, gpu_gate
 from harness.bracket import PeakLedger
 from harness.cell import CellError, check_backend_ran, check_writable, countable_backends
 from harness.memory import probe_for, to_mib
@@ -222,6 +222,7 @@ def time_head(op: MaxSimOp, shape: OpShape, variant: str, device: torch.device, 
 def run_op_cell(params: OpCellParams) -> CellResult:
     """Time and bracket one head; write and return the result (outcome ``oom`` when it does not fit)."""
     op = validate(params)
+    gpu_gate.hold()
     started = time.perf_counter()
     probe = probe_for(params.device)
     device = probe.device

@@ -23,6 +23,7 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -33,7 +34,7 @@ import nbformat
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness import backends, cards
+from harness import backends, cards, gpu_gate
 from harness.results import CellResult, ResultError, load_result, write_result
 from harness.stacks import STACK_INFO, check_cell
 
@@ -184,7 +185,7 @@ class CellRun:
     detail: str = ""
 
 
-def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | None) -> CellRun:
+def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | None, gate: Path | None = None) -> CellRun:
     """One fresh-kernel papermill run; a crash marker if it ends without a valid result."""
     result_path, notebook_path, log_path = (
         plan.result_path(results_dir), plan.notebook_path(notebooks_dir), plan.log_path(results_dir)
@@ -199,6 +200,8 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
     for key, value in plan.notebook_parameters(result_path.resolve()).items():
         command += ["-y", yaml.safe_dump({key: value}, default_flow_style=True).strip()]
     env = cell_environment(gpu, os.environ)
+    if gate is not None:
+        env[gpu_gate.LOCK_VARIABLE] = str(gate)
     result_path.unlink(missing_ok=True)  # a stale crash marker must not pass for this run's result
     started = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
@@ -265,8 +268,12 @@ def run_sweep(
     gpus: Sequence[str] | None = None,
     rerun_crashed: bool = False,
     echo=print,  # type: ignore[no-untyped-def]
+    cells_per_gpu: int = 1,
 ) -> list[CellRun]:
-    """Run every cell that needs it; one worker per GPU (or one worker without GPUs)."""
+    """Run every cell that needs it: one worker per GPU (or one without GPUs), or ``cells_per_gpu``
+    workers per GPU whose cells start up together but measure one at a time (:mod:`harness.gpu_gate`)."""
+    if cells_per_gpu < 1:
+        raise ValueError(f"cells_per_gpu must be at least 1, got {cells_per_gpu}")
     todo = [p for p in plans if status(p, results_dir) == "missing" or (rerun_crashed and status(p, results_dir) == "crashed")]
     skipped = len(plans) - len(todo)
     echo(f"{len(plans)} cells in the grid: {skipped} already have a result, {len(todo)} to run"
@@ -278,7 +285,7 @@ def run_sweep(
     lock = threading.Lock()
     started = time.perf_counter()
 
-    def worker(slot: str | None) -> None:
+    def worker(slot: str | None, gate: Path | None) -> None:
         while True:
             try:
                 plan = work.get_nowait()
@@ -286,7 +293,7 @@ def run_sweep(
                 return
             with lock:
                 echo(f"  start {plan.cell_id}" + (f" on GPU {slot}" if slot is not None else ""))
-            run = run_one(plan, results_dir, notebooks_dir, slot)
+            run = run_one(plan, results_dir, notebooks_dir, slot, gate)
             with lock:
                 runs.append(run)
                 elapsed = time.perf_counter() - started
@@ -294,13 +301,23 @@ def run_sweep(
                      f" (elapsed {elapsed:.0f}s){' — ' + run.detail if run.detail else ''}")  # fmt: skip
 
     slots: list[str | None] = list(gpus) if gpus else [None]
-    threads = [threading.Thread(target=worker, args=(slot,)) for slot in slots]
+    threads = [
+        threading.Thread(target=worker, args=(slot, gate_path(slot) if cells_per_gpu > 1 else None))
+        for slot in slots
+        for _ in range(cells_per_gpu)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     echo(summary(plans, results_dir, time.perf_counter() - started))
     return runs
+
+
+def gate_path(gpu: str | None) -> Path:
+    """The lock file one GPU's cells take before measuring (shared by every sweep on this host)."""
+    gpu = cell_environment(gpu, os.environ)["CUDA_VISIBLE_DEVICES"]
+    return Path(tempfile.gettempdir()) / f"maxsim-gpu-{gpu}.lock"
 
 
 def summary(plans: Sequence[CellPlan], results_dir: Path, seconds: float) -> str:
@@ -342,6 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="harness-sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("grid", type=Path)
     parser.add_argument("--gpus", help="run one cell per GPU: '0,1' or 'all' (default: one after another)")
+    parser.add_argument("--cells-per-gpu", type=int, default=1, metavar="N",
+                        help="start N cells per GPU: the next cell's imports overlap the running cell's "
+                             "measurement, which still has the GPU alone (default 1)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="list the cells and their state, run nothing")
     parser.add_argument("--rerun-crashed", action="store_true", help="run crashed cells again")
     parser.add_argument("--stack", action="append", help="only cells of this stack (repeatable)")
@@ -371,7 +391,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{status(plan, args.results_dir):8s} {plan.cell_id}")
         print(f"{len(plans)} cells")
         return 0
-    run_sweep(plans, args.results_dir, args.notebooks_dir, visible_gpus(args.gpus) if args.gpus else None, args.rerun_crashed)
+    if args.cells_per_gpu < 1:
+        print(f"--cells-per-gpu must be at least 1, got {args.cells_per_gpu}", file=sys.stderr)
+        return 2
+    run_sweep(plans, args.results_dir, args.notebooks_dir, visible_gpus(args.gpus) if args.gpus else None,
+              args.rerun_crashed, cells_per_gpu=args.cells_per_gpu)  # fmt: skip
     return 0
 
 

@@ -1,13 +1,15 @@
 """The sweep driver on CPU: tiny PyLate cells, each a papermill run in a fresh kernel (pylate environment)."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 import yaml
 
-from harness import sweep
+from harness import gpu_gate, sweep
 from harness.results import load_result
 
 pytestmark = pytest.mark.pylate
@@ -71,6 +73,35 @@ def test_cells_run_concurrently_one_per_gpu(tmp_path, dying_notebook):
     assert sorted(r.slot for r in runs) == ["0", "1"]
     first_finish = next(i for i, line in enumerate(lines) if line.startswith("[1/2]"))
     assert sum(line.strip().startswith("start") for line in lines[:first_finish]) == 2  # both running at once
+
+
+def test_two_cells_per_gpu_start_together_and_measure_one_at_a_time(tmp_path, dying_notebook):
+    plans = sweep.load_grid(write_grid(tmp_path, dying_notebook, [2, 4], name="gated"))
+    lines = []
+    runs = sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", gpus=["7"], cells_per_gpu=2, echo=lines.append)
+    assert sorted((r.plan.batch_size, r.outcome, r.slot) for r in runs) == [(2, "ok", "7"), (4, "ok", "7")]
+    first_finish = next(i for i, line in enumerate(lines) if line.startswith("[1/2]"))
+    assert sum(line.strip().startswith("start") for line in lines[:first_finish]) == 2
+    assert sweep.gate_path("7").name == "maxsim-gpu-7.lock"
+    with pytest.raises(ValueError, match="at least 1"):
+        sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", cells_per_gpu=0)
+
+
+def test_the_gpu_gate_holds_its_lock_until_the_process_ends(tmp_path, monkeypatch):
+    lock = tmp_path / "gpu.lock"
+    env = {**os.environ, gpu_gate.LOCK_VARIABLE: str(lock)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from harness import gpu_gate; gpu_gate.hold(); print('held', flush=True); time.sleep(1.5)"],
+        env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline().strip() == "held"
+    waiter = subprocess.run(
+        [sys.executable, "-c", "from harness import gpu_gate; print(gpu_gate.hold())"], env=env, capture_output=True, text=True, check=True
+    )  # fmt: skip
+    holder.wait()
+    assert float(waiter.stdout) > 0.5  # it waited for the holder to exit
+    monkeypatch.delenv(gpu_gate.LOCK_VARIABLE, raising=False)
+    assert gpu_gate.hold() == 0.0  # outside a gated sweep: no lock, no wait
 
 
 def test_an_invalid_grid_is_rejected_before_anything_runs(tmp_path, dying_notebook):
