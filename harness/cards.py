@@ -4,6 +4,12 @@
 would take *reserved* memory past ``fraction × total``, raising the same ``OutOfMemoryError`` a
 smaller card would. The cap is what PyTorch can use on that card (the driver and CUDA context
 take the rest), so an "80 GB H100" is 78.43 GiB usable, as measured on one.
+
+For the other cards the cap is derived, not measured: the capacity PyTorch reports for that card
+(``total_memory``, the "GPU 0 has a total capacity of X GiB" of its out-of-memory message, quoted
+from public reports) less the same 0.68 GiB the H100 loses to its CUDA context (79.11 GiB reported,
+78.43 usable). A card whose context is larger or smaller than the H100's shifts its ceiling by that
+difference; the report states the cap each ceiling was found under.
 """
 
 from __future__ import annotations
@@ -15,11 +21,15 @@ import torch
 from harness.memory import GIB
 
 
+CONTEXT_GIB = 0.68  # the H100 80 GB's reported capacity (79.11 GiB) less what PyTorch could use there (78.43)
+
+
 @dataclasses.dataclass(frozen=True)
 class CardProfile:
     name: str
     usable_gib: float | None  # None: the device as it is
     description: str
+    nominal_gb: int | None = None  # the card's marketed size, for ordering and labels
 
     @property
     def usable_bytes(self) -> int | None:
@@ -29,8 +39,11 @@ class CardProfile:
 CARDS: dict[str, CardProfile] = {
     profile.name: profile
     for profile in (
-        CardProfile("native", None, "the whole device, uncapped"),
-        CardProfile("h100-80gb", 78.43, "NVIDIA H100 80 GB: 78.43 GiB usable to PyTorch"),
+        CardProfile("rtx4090-24gb", round(23.64 - CONTEXT_GIB, 2), "24 GB, e.g. RTX 4090 (23.64 GiB reported)", 24),
+        CardProfile("a100-40gb", round(39.50 - CONTEXT_GIB, 2), "40 GB, e.g. A100 40 GB (39.50 GiB reported)", 40),
+        CardProfile("l40s-48gb", round(44.43 - CONTEXT_GIB, 2), "48 GB with ECC, e.g. L40S, RTX 6000 Ada (44.43 GiB reported)", 48),
+        CardProfile("h100-80gb", 78.43, "NVIDIA H100 80 GB: 78.43 GiB usable to PyTorch", 80),
+        CardProfile("native", None, "the whole device, uncapped (H200: 141 GB)", 141),
     )
 }
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import os
 import sys
 import tempfile
 import time
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harness import backends, cards, environment, gpu_gate
+from harness import allocator, backends, cards, environment, gpu_gate
 from harness.bracket import PeakLedger
 from harness.memory import probe_for, to_mib
 from harness.recorder import OpRecorder, first_line
@@ -183,6 +184,7 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
         variant=params.variant,
         score_mini_batch_size=params.score_mini_batch_size,
         card=params.card,
+        allocator=allocator.name_of(os.environ.get(allocator.VARIABLE)),
         steps=params.steps,
         seed=params.seed,
         preset=params.preset,

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from harness.cards import CARDS
-from harness.results import default_results_dir, load_results
+from harness.results import default_results_dir, load_results, result_paths
 
 PUBLISHED = Path(__file__).resolve().parent.parent / "book" / "data" / "published.csv"
 GIB_PER_MIB = 1 / 1024
@@ -60,11 +60,16 @@ def backend_label(variant: str, chunk: float | None) -> str:
     return f"{variant} + chunk {int(chunk)}"
 
 
-def load(results_dir: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(cells, isolated calls) from the results directory, with a ``backend`` column."""
-    root = results_dir or default_results_dir()
-    cells = load_results(root)
-    calls = load_results(root, level="calls")
+CEILINGS_GRID = Path(__file__).resolve().parent.parent / "grids" / "ceilings.yaml"
+
+
+def load(results_dir: Path | None = None, leave_out: tuple[str, ...] = ("ceilings",)) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cells, isolated calls) with a ``backend`` column, from every grid folder of the results
+    directory but ``leave_out``: ceiling probes have their own page."""
+    root = Path(results_dir or default_results_dir())
+    sources = [path for path in result_paths(root) if path.relative_to(root).parts[0] not in leave_out]
+    cells = load_results(sources)
+    calls = load_results(sources, level="calls")
     for frame in (cells, calls):
         if not frame.empty:
             frame["backend"] = [backend_label(v, c) for v, c in zip(frame["variant"], frame["score_mini_batch_size"])]
@@ -129,6 +134,26 @@ def ceiling_table(cells: pd.DataFrame) -> pd.DataFrame:
             where = "in the MaxSim op" if row["oom_where"] == "maxsim" else "outside the op"
             return f"OOM {where} ({failed_request(row['oom_message'])}; pre-OOM {alloc:.2f} / {reserved:.2f})"
         return "crashed"
+
+    table = cells.assign(cell=cells.apply(describe, axis=1)).pivot_table(
+        index="batch_size", columns="backend", values="cell", aggfunc="first"
+    )
+    return table.rename_axis(index="batch", columns=None).fillna("")
+
+
+def fragmentation_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Reserved − allocated at the step peak (GiB) per batch and backend, and how the per-step
+    difference moved from the first step to the last (MiB; cells that recorded per-step peaks)."""
+    if cells.empty:
+        return pd.DataFrame()
+
+    def describe(row: pd.Series) -> str:
+        if _missing(row["fragmentation_mib"]):
+            return ""
+        text = f"{row['fragmentation_mib'] * GIB_PER_MIB:.2f}"
+        if not _missing(row.get("fragmentation_growth_mib")):
+            text += f" ({row['fragmentation_first_step_mib']:.0f} → {row['fragmentation_last_step_mib']:.0f} MiB over {row['n_steps_done']} steps)"
+        return text
 
     table = cells.assign(cell=cells.apply(describe, axis=1)).pivot_table(
         index="batch_size", columns="backend", values="cell", aggfunc="first"
@@ -353,5 +378,132 @@ def plot_op_speedup(ops: pd.DataFrame, title: str):  # type: ignore[no-untyped-d
     axis.set_title(title)
     if axis.lines[1:]:
         axis.legend(fontsize=7)
+    figure.tight_layout()
+    return figure
+
+
+# ---- batch-size ceilings (harness.ceiling, grids/ceilings.yaml) -------------------------------------
+
+
+def ceilings(results_dir: Path | None = None, grid: Path = CEILINGS_GRID) -> pd.DataFrame:
+    """One row per ceiling search of ``grid``: where it stands (read back from its probes exactly as
+    the search itself decides), and what the probes measured at the ceiling and just above it."""
+    from harness.ceiling import load_searches, search_state
+
+    root = results_dir or default_results_dir()
+    searches = load_searches(grid)
+    folders = [root / name for name in sorted({s.grid for s in searches}) if (root / name).exists()]
+    probes = load_results(folders) if folders else pd.DataFrame()
+    rows = []
+    for search in searches:
+        ceiling, _ = search_state(search, root)
+        key = (probes["stack"] == search.stack) & (probes["regime"] == search.regime) if not probes.empty else None
+        mine = pd.DataFrame()
+        if key is not None:
+            chunk = probes["score_mini_batch_size"].fillna(0) == (search.score_mini_batch_size or 0)
+            mine = probes[key & chunk & (probes["variant"] == search.variant) & (probes["card"] == search.card)
+                          & (probes["allocator"] == search.allocator) & probes["seed"].isin(search.seeds)]  # fmt: skip
+        at_fit = mine[mine["batch_size"] == ceiling.fits] if ceiling.fits is not None else mine.iloc[0:0]
+        at_fail = mine[(mine["batch_size"] == ceiling.fails) & (mine["outcome"] == "oom")] if ceiling.fails is not None else mine.iloc[0:0]
+        limit = CARDS[search.card].usable_gib if search.card in CARDS else None
+        if limit is None and not mine.empty:
+            limit = mine["memory_limit_mib"].max() * GIB_PER_MIB
+        failure = at_fail.iloc[0] if not at_fail.empty else None
+        rows.append({
+            "stack": search.stack, "regime": search.regime, "backend": backend_label(search.variant, search.score_mini_batch_size),
+            "card": search.card, "allocator": search.allocator, "usable GiB": limit,
+            "fits": ceiling.fits, "fails": ceiling.fails, "done": ceiling.done, "stopped": ceiling.stopped,
+            "limit": search.limit, "resolution": search.resolution, "seeds": len(search.seeds), "probes": len(mine),
+            "peak alloc GiB": at_fit["step_peak_alloc_mib"].max() * GIB_PER_MIB if not at_fit.empty else None,
+            "peak reserved GiB": at_fit["step_peak_reserved_mib"].max() * GIB_PER_MIB if not at_fit.empty else None,
+            "fragmentation GiB": at_fit["fragmentation_mib"].max() * GIB_PER_MIB if not at_fit.empty else None,
+            "fragmentation growth MiB": at_fit["fragmentation_growth_mib"].max() if not at_fit.empty else None,
+            "op held MiB": at_fit["op_saved_for_backward_mib"].max() if not at_fit.empty else None,
+            "fails where": None if failure is None else failure["oom_where"],
+            "failed request": None if failure is None else failed_request(failure["oom_message"]),
+        })  # fmt: skip
+    frame = pd.DataFrame(rows)
+    if not frame.empty:
+        frame["headroom GiB"] = frame["usable GiB"] - frame["peak reserved GiB"]
+    return frame
+
+
+def ceiling_text(row: pd.Series) -> str:
+    """A search's answer in words: '672' (the next probe, 704, failed), '≥ 8192', '< 32', 'running'."""
+    if isinstance(row["stopped"], str):
+        return f"stopped ({row['stopped']})"
+    if row["probes"] == 0:
+        return "not run"
+    if not row["done"]:
+        return "searching" + (f" (≥ {int(row['fits'])})" if not _missing(row["fits"]) else "")
+    if _missing(row["fails"]):
+        return f"≥ {int(row['fits'])}"
+    if _missing(row["fits"]):
+        return f"< {int(row['fails'])}"
+    return f"{int(row['fits'])}"
+
+
+def ceiling_grid(searches: pd.DataFrame, allocator: str = "default") -> pd.DataFrame:
+    """What fits on my card: the ceiling per stack/regime/backend (rows) and card (columns)."""
+    chosen = searches[searches["allocator"] == allocator] if not searches.empty else searches
+    if chosen.empty:
+        return pd.DataFrame()
+    order = [name for name in sorted(CARDS, key=lambda n: CARDS[n].nominal_gb or 0) if name in set(chosen["card"])]
+    table = chosen.assign(ceiling=chosen.apply(ceiling_text, axis=1)).pivot_table(
+        index=["stack", "regime", "backend"], columns="card", values="ceiling", aggfunc="first"
+    )
+    return table.reindex(columns=order).rename(columns=_card_label).rename_axis(columns=None).fillna("")
+
+
+def _card_label(name: str) -> str:
+    profile = CARDS.get(name)
+    if profile is None or profile.nominal_gb is None:
+        return name
+    usable = f"{profile.usable_gib:.2f}" if profile.usable_gib is not None else "all"
+    return f"{profile.nominal_gb} GB ({usable} GiB)"
+
+
+def ceiling_details(searches: pd.DataFrame) -> pd.DataFrame:
+    """Per search that ran: the ceiling, the headroom left at it, its fragmentation, and what failed above it."""
+    ran = searches[searches["probes"] > 0] if not searches.empty else searches
+    if ran.empty:
+        return pd.DataFrame()
+    rows = []
+    for _, row in ran.iterrows():
+        binds = {"maxsim": "the MaxSim op (B² grid)", "elsewhere": "outside the op (encoder, optimizer)"}.get(row["fails where"], "")
+        rows.append({
+            "stack · regime": f"{row['stack']} · {row['regime']}", "backend": row["backend"], "card": row["card"],
+            "allocator": row["allocator"], "ceiling": ceiling_text(row),
+            "peak alloc / reserved GiB": "" if _missing(row["peak alloc GiB"]) else f"{row['peak alloc GiB']:.2f} / {row['peak reserved GiB']:.2f}",
+            "headroom GiB": _number(row["headroom GiB"], ".2f"),
+            "reserved − alloc GiB": _number(row["fragmentation GiB"], ".2f"),
+            "its growth over steps MiB": _number(row["fragmentation growth MiB"], "+.0f"),
+            "next batch failed in": binds, "failed request": row["failed request"] or "",
+            "probes": int(row["probes"]),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def plot_ceiling_bars(searches: pd.DataFrame, title: str):  # type: ignore[no-untyped-def]
+    """Ceiling per card and backend (default allocator); a whisker up to the first batch that failed."""
+    done = searches[(searches["allocator"] == "default") & searches["done"] & searches["fits"].notna()]
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    cards = [name for name in sorted(CARDS, key=lambda n: CARDS[n].nominal_gb or 0) if name in set(done["card"])]
+    backends = sorted(done["backend"].unique())
+    width = 0.8 / max(len(backends), 1)
+    for i, backend in enumerate(backends):
+        mine = done[done["backend"] == backend].set_index("card")
+        xs = [k + i * width for k, card in enumerate(cards) if card in mine.index]
+        fits = [mine.loc[card, "fits"] for card in cards if card in mine.index]
+        above = [(mine.loc[card, "fails"] - mine.loc[card, "fits"]) if not _missing(mine.loc[card, "fails"]) else 0
+                 for card in cards if card in mine.index]  # fmt: skip
+        axis.bar(xs, fits, width, label=backend, yerr=[[0] * len(above), above], capsize=3)
+    axis.set_xticks([k + width * (len(backends) - 1) / 2 for k in range(len(cards))], [_card_label(c) for c in cards])
+    axis.set_yscale("log", base=2)
+    axis.set_ylabel("largest batch that trains (log₂)")
+    axis.set_title(title)
+    axis.grid(True, axis="y", alpha=0.3)
+    if backends:
+        axis.legend()
     figure.tight_layout()
     return figure

@@ -87,6 +87,7 @@ class CellResult(_Record):
     score_mini_batch_size: int | None = None
     negatives: int | None = None  # op-level cells of heads with explicit negatives: negatives per query
     card: str
+    allocator: str = "default"  # harness.allocator: the CUDA caching allocator regime the process ran with
     steps: int = Field(gt=0)
     seed: int
     preset: str | None = None
@@ -171,7 +172,8 @@ def result_paths(root: str | os.PathLike[str]) -> list[Path]:
 
 
 _CELL_COLUMNS = [
-    "stack", "regime", "batch_size", "variant", "score_mini_batch_size", "negatives", "card", "steps", "seed", "preset",
+    "stack", "regime", "batch_size", "variant", "score_mini_batch_size", "negatives", "card", "allocator", "steps",
+    "seed", "preset",
     "outcome", "oom_message", "oom_where", "pre_oom_alloc_mib", "pre_oom_reserved_mib",
     "step_peak_alloc_mib", "step_peak_reserved_mib", "steady_step_time_sec", "samples_per_sec",
     "backend_entry_point_calls",
@@ -185,7 +187,8 @@ def load_results(
     """All results under ``sources`` as a DataFrame — the one loader the report uses.
 
     ``level="cells"``: one row per cell with its scalar fields, ``fragmentation_mib``
-    (reserved − allocated at the step peak), the largest isolated op total and a ``path`` column.
+    (reserved − allocated at the step peak) and its growth across steps, the largest isolated op
+    total and a ``path`` column.
     ``level="calls"``: one row per recorded MaxSim call, in train and isolated (column ``kind``),
     with the cell's identifying fields repeated. An invalid file raises :class:`ResultError`
     naming it: a report silently missing a cell is worse than a failed build.
@@ -215,8 +218,15 @@ def _cell_summary(result: CellResult) -> dict[str, object]:
     isolated = [c for c in result.maxsim_calls_isolated if not c.oom_in_replay]
     largest = max(isolated, key=lambda c: c.saved_for_backward_mib or 0.0, default=None)
     steady = [result.step_times_sec[i] for i in result.steady_steps]
+    per_step = fragmentation_per_step(result)
     return {
         "fragmentation_mib": None if alloc is None or reserved is None else reserved - alloc,
+        "fragmentation_first_step_mib": per_step[0] if per_step else None,
+        "fragmentation_last_step_mib": per_step[-1] if per_step else None,
+        "fragmentation_growth_mib": per_step[-1] - per_step[0] if len(per_step) > 1 else None,
+        "n_steps_done": len(result.step_times_sec),
+        # what the allocator could use: the emulated card's cap, else the whole device
+        "memory_limit_mib": None if result.env is None else (result.env.card_cap_mib or result.env.device_capacity_mib),
         "n_calls_in_train": len(result.maxsim_calls_in_train),
         "n_steady_steps": len(result.steady_steps),
         "steady_step_min_sec": min(steady, default=None),
@@ -228,6 +238,13 @@ def _cell_summary(result: CellResult) -> dict[str, object]:
         "op_forward_transient_peak_mib": None if largest is None else largest.forward_transient_peak_mib,
         "op_predicted_saved_for_backward_mib": None if largest is None else largest.predicted_saved_for_backward_mib,
     }
+
+
+def fragmentation_per_step(result: CellResult) -> list[float]:
+    """Per completed step: its reserved peak − its allocated peak (MiB). Growth across the list is
+    reserved memory the allocator keeps but cannot hand out to the step's largest requests."""
+    pairs = zip(result.step_peak_reserved_per_step_mib, result.step_peak_alloc_per_step_mib)
+    return [reserved - alloc for reserved, alloc in pairs]
 
 
 def _quantile(values: list[float], q: float) -> float | None:

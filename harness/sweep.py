@@ -34,12 +34,13 @@ import nbformat
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness import backends, cards, gpu_gate
+from harness import allocator, backends, cards, gpu_gate
 from harness.results import CellResult, ResultError, load_result, write_result
 from harness.stacks import STACK_INFO, check_cell
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPANDABLE = ("batch_size", "variant", "regime", "score_mini_batch_size", "negatives", "card", "seed")
+EXPANDABLE = ("batch_size", "variant", "regime", "score_mini_batch_size", "negatives", "card", "allocator", "seed")
+DEFAULT_SEED = 42
 
 
 class GridError(ValueError):
@@ -59,8 +60,9 @@ class CellPlan(BaseModel):
     score_mini_batch_size: int | None = Field(default=None, gt=0)
     negatives: int | None = Field(default=None, gt=0)  # op-level heads with explicit negatives
     card: str = "native"
+    allocator: str = "default"  # harness.allocator: set in the cell process's environment
     steps: int = Field(default=4, gt=0)
-    seed: int = 42
+    seed: int = DEFAULT_SEED
     preset: str = "full"
     device: str = "cuda"
     model_source: str | None = None
@@ -72,13 +74,19 @@ class CellPlan(BaseModel):
     def cell_id(self) -> str:
         chunk = f"-chunk{self.score_mini_batch_size}" if self.score_mini_batch_size else ""
         negatives = f"-n{self.negatives}" if self.negatives else ""
-        return f"{self.stack}-{self.regime}-b{self.batch_size}{negatives}-{self.variant}{chunk}-{self.card}"
+        # the allocator and seed name a cell only where they differ from the defaults, so the ids
+        # of cells run before those dimensions existed stay what they were
+        allocator = f"-{self.allocator}" if self.allocator != "default" else ""
+        seed = f"-s{self.seed}" if self.seed != DEFAULT_SEED else ""
+        return f"{self.stack}-{self.regime}-b{self.batch_size}{negatives}-{self.variant}{chunk}-{self.card}{allocator}{seed}"
 
     @property
     def title(self) -> str:
         chunk = f" + chunk {self.score_mini_batch_size}" if self.score_mini_batch_size else ""
         negatives = f" · {self.negatives} negatives" if self.negatives else ""
-        return f"{self.stack} · {self.regime} · B={self.batch_size}{negatives} · {self.variant}{chunk} · {self.card}"
+        allocator = f" · {self.allocator} allocator" if self.allocator != "default" else ""
+        seed = f" · seed {self.seed}" if self.seed != DEFAULT_SEED else ""
+        return f"{self.stack} · {self.regime} · B={self.batch_size}{negatives} · {self.variant}{chunk} · {self.card}{allocator}{seed}"
 
     def result_path(self, results_dir: Path) -> Path:
         return results_dir / self.grid / self.stack / self.regime / f"{self.cell_id}.json"
@@ -129,7 +137,7 @@ def load_grid(path: str | os.PathLike[str], stacks: Sequence[str] | None = None)
             fields = {**merged, **dict(zip(lists, combination)), "grid": name}
             try:
                 plan = CellPlan(**fields)
-                _check(plan)
+                check_plan(plan)
             except (ValidationError, ValueError) as error:
                 described = " ".join(f"{k}={v}" for k, v in fields.items() if k not in defaults or k == "stack")
                 problems.append(f"cells[{index}] ({described}): {error}")
@@ -144,7 +152,8 @@ def load_grid(path: str | os.PathLike[str], stacks: Sequence[str] | None = None)
     return plans
 
 
-def _check(plan: CellPlan) -> None:
+def check_plan(plan: CellPlan) -> None:
+    """Raise ValueError if ``plan`` cannot run (unknown stack, regime, variant, card, allocator, ...)."""
     if plan.stack not in STACK_INFO:
         raise ValueError(f"unknown stack {plan.stack!r}; choose one of {sorted(STACK_INFO)}")
     info = STACK_INFO[plan.stack]
@@ -160,6 +169,7 @@ def _check(plan: CellPlan) -> None:
             raise ValueError(f"negatives are for op-level heads; the {plan.stack} stack trains without explicit negatives.")
     backends.check_supported(plan.variant, info.library)
     cards.card(plan.card)
+    allocator.check(plan.allocator)
     if not plan.source_notebook().exists():
         raise ValueError(f"the {plan.stack} notebook {plan.source_notebook()} does not exist yet")
 
@@ -199,7 +209,7 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
                "-k", plan.kernel or STACK_INFO[plan.stack].kernel, "--cwd", str(ROOT), "--no-progress-bar"]  # fmt: skip
     for key, value in plan.notebook_parameters(result_path.resolve()).items():
         command += ["-y", yaml.safe_dump({key: value}, default_flow_style=True).strip()]
-    env = cell_environment(gpu, os.environ)
+    env = allocator.environment_for(plan.allocator, cell_environment(gpu, os.environ))
     if gate is not None:
         env[gpu_gate.LOCK_VARIABLE] = str(gate)
     result_path.unlink(missing_ok=True)  # a stale crash marker must not pass for this run's result
@@ -215,7 +225,7 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
         tail = "".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-40:])
         marker = CellResult(
             stack=plan.stack, regime=plan.regime, batch_size=plan.batch_size, variant=plan.variant,
-            score_mini_batch_size=plan.score_mini_batch_size, card=plan.card, steps=plan.steps, seed=plan.seed,
+            score_mini_batch_size=plan.score_mini_batch_size, card=plan.card, allocator=plan.allocator, steps=plan.steps, seed=plan.seed,
             negatives=plan.negatives, preset=plan.preset, outcome="crashed", crash_log_tail=tail, wall_sec=seconds,
         )  # fmt: skip
         write_result(marker, result_path)

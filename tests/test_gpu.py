@@ -97,3 +97,26 @@ def test_an_op_level_negative_head_is_timed_with_cuda_events(tmp_path, probe, va
         assert replay.saved_for_backward_mib * MIB < replay.predicted_grid_mib * MIB / 10  # no grids kept
     else:
         assert replay.saved_for_backward_mib * MIB >= replay.predicted_grid_mib * MIB
+
+
+def test_the_emulated_card_still_caps_memory_under_expandable_segments(tmp_path):
+    # the allocator setting must be in place before CUDA starts, so it runs in its own process
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from harness import cards\n"
+        "device = torch.device('cuda', 0)\n"
+        "cap = cards.apply_card(cards.card('rtx4090-24gb'), device)\n"
+        "kept = torch.empty(cap // 2, dtype=torch.uint8, device=device)\n"
+        "try:\n"
+        "    torch.empty(cap // 2 + 2**30, dtype=torch.uint8, device=device)\n"
+        "    print('no-oom')\n"
+        "except torch.OutOfMemoryError:\n"
+        "    print('oom', torch.cuda.memory_reserved(device) <= cap)\n"
+    )
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    completed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert completed.stdout.split() == ["oom", "True"], completed.stderr[-2000:]

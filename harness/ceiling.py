@@ -1,0 +1,307 @@
+"""Batch-size ceilings: the largest batch that trains on a card, found by bracketing then bisecting.
+
+A ceiling answers "how large a batch can I train on my card with this backend", which a fixed grid
+cannot: whether a batch fits can hang on the allocator's fragmentation, so it is decided by running
+it. One search is a (stack, regime, variant[, chunk], card, allocator) and a list of seeds. Its
+probes are ordinary cells (grid ``ceilings``, a fresh papermill kernel each, results and notebooks
+where every other cell's go) of ``steps`` ≥ 8 real optimizer steps. A batch *fits* when every seed
+trains all its steps without running out of memory; the seeds run one after another and the first
+OOM decides.
+
+The search doubles from ``start`` until a batch does not fit (halving instead if ``start`` already
+does not), then bisects between the largest batch that fits and the smallest that does not, in
+multiples of ``resolution``, until they are ``resolution`` apart. Every decision is read back from
+the probes' result files, so a search stopped at any point resumes where it was, re-running
+nothing; a crashed probe stops its search (rerun with ``--rerun-crashed``).
+
+    harness-ceiling grids/ceilings.yaml --dry-run
+    harness-ceiling grids/ceilings.yaml --gpus 0,1 --cells-per-gpu 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fnmatch
+import itertools
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from harness.results import load_result
+from harness.sweep import ROOT, CellPlan, GridError, check_plan, gate_path, run_one, status, visible_gpus
+
+MIN_STEPS = 8
+SEARCH_FIELDS = ("stack", "regime", "variant", "score_mini_batch_size", "card", "allocator")
+EXPANDABLE = ("variant", "regime", "score_mini_batch_size", "card", "allocator")
+
+
+class CeilingSearch(BaseModel):
+    """One ceiling search: what is searched, over which seeds and batch range."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grid: str = "ceilings"
+    stack: str
+    regime: str
+    variant: str
+    score_mini_batch_size: int | None = Field(default=None, gt=0)
+    card: str
+    allocator: str = "default"
+    seeds: list[int] = Field(min_length=1)
+    steps: int = Field(default=MIN_STEPS, ge=MIN_STEPS)
+    start: int = Field(gt=0)
+    limit: int = Field(gt=0)  # the largest batch probed: a search that reaches it reports "≥ limit"
+    resolution: int = Field(gt=0)
+    preset: str = "full"
+    device: str = "cuda"
+    model_source: str | None = None
+    data_source: str | None = None
+    kernel: str | None = None
+    notebook: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CeilingSearch:
+        if self.start > self.limit:
+            raise ValueError(f"start {self.start} is above limit {self.limit}")
+        if self.start % self.resolution or self.limit % self.resolution:
+            raise ValueError(f"start {self.start} and limit {self.limit} must be multiples of resolution {self.resolution}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds repeat: {self.seeds}")
+        return self
+
+    @property
+    def search_id(self) -> str:
+        """Its probes' cell id without batch size and seed: ``pylate-grad-checkpoint-lik-a100-40gb``."""
+        chunk = f"-chunk{self.score_mini_batch_size}" if self.score_mini_batch_size else ""
+        allocator = f"-{self.allocator}" if self.allocator != "default" else ""
+        return f"{self.stack}-{self.regime}-{self.variant}{chunk}-{self.card}{allocator}"
+
+    def probe(self, batch_size: int, seed: int) -> CellPlan:
+        fields = {name: getattr(self, name) for name in CellPlan.model_fields if name in type(self).model_fields}
+        return CellPlan(**fields | {"batch_size": batch_size, "seed": seed})
+
+
+@dataclasses.dataclass
+class Ceiling:
+    """Where a search stands: the largest batch that fits, the smallest that does not."""
+
+    fits: int | None = None  # largest batch where every seed trained
+    fails: int | None = None  # smallest batch where a seed ran out of memory
+    next_batch: int | None = None  # the batch still to decide (None: the search is over)
+    stopped: str | None = None  # why it stopped early (a crashed probe)
+
+    @property
+    def done(self) -> bool:
+        return self.next_batch is None
+
+
+def plan_search(search: CeilingSearch, decide: Callable[[int], bool | None]) -> Ceiling:
+    """Walk the bracket-and-bisect search; ``decide(batch)`` says whether a batch fits (None:
+    undecided yet — the walk stops there and names it as the next batch to run)."""
+    ceiling = Ceiling()
+    batch = search.start
+    while True:  # bracket: double up from start, or halve down when start already fails
+        verdict = decide(batch)
+        if verdict is None:
+            ceiling.next_batch = batch
+            return ceiling
+        if verdict:
+            ceiling.fits = batch
+            if ceiling.fails is not None or batch >= search.limit:
+                break
+            batch = min(batch * 2, search.limit)
+        else:
+            ceiling.fails = batch
+            if ceiling.fits is not None or batch <= search.resolution:
+                break
+            batch = max(search.resolution, batch // 2 // search.resolution * search.resolution)
+    if ceiling.fits is None or ceiling.fails is None:
+        return ceiling
+    while ceiling.fails - ceiling.fits > search.resolution:  # bisect on multiples of the resolution
+        middle = ceiling.fits + (ceiling.fails - ceiling.fits) // (2 * search.resolution) * search.resolution
+        verdict = decide(middle)
+        if verdict is None:
+            ceiling.next_batch = middle
+            return ceiling
+        if verdict:
+            ceiling.fits = middle
+        else:
+            ceiling.fails = middle
+    return ceiling
+
+
+def batch_verdict(search: CeilingSearch, batch_size: int, results_dir: Path) -> tuple[bool | None, CellPlan | None, str | None]:
+    """Whether ``batch_size`` fits, from the results on disk: (verdict, the probe to run next, a crash)."""
+    for seed in search.seeds:
+        plan = search.probe(batch_size, seed)
+        state = status(plan, results_dir)
+        if state == "missing":
+            return None, plan, None
+        outcome = load_result(plan.result_path(results_dir)).outcome
+        if outcome == "crashed":
+            return None, None, plan.cell_id
+        if outcome == "oom":
+            return False, None, None
+    return True, None, None
+
+
+def search_state(search: CeilingSearch, results_dir: Path) -> tuple[Ceiling, CellPlan | None]:
+    """The search as far as its result files decide it, and the probe to run next (if any)."""
+    pending: dict[str, Any] = {}
+
+    def decide(batch_size: int) -> bool | None:
+        verdict, plan, crashed = batch_verdict(search, batch_size, results_dir)
+        pending.update(plan=plan, crashed=crashed)
+        return verdict
+
+    ceiling = plan_search(search, decide)
+    if pending.get("crashed"):
+        ceiling.stopped = f"probe {pending['crashed']} crashed"
+        return ceiling, None
+    return ceiling, pending.get("plan") if not ceiling.done else None
+
+
+def run_search(search: CeilingSearch, results_dir: Path, notebooks_dir: Path, gpu: str | None, gate: Path | None,
+               echo: Callable[[str], None] = print) -> Ceiling:  # fmt: skip
+    """Run the probes a search still needs, one at a time, and return where it ends."""
+    while True:
+        ceiling, plan = search_state(search, results_dir)
+        if plan is None:
+            return ceiling
+        run = run_one(plan, results_dir, notebooks_dir, gpu, gate)
+        echo(f"  {plan.cell_id}: {run.outcome} in {run.seconds:.0f}s" + (f" on GPU {gpu}" if gpu is not None else ""))
+
+
+def describe(search: CeilingSearch, ceiling: Ceiling) -> str:
+    if ceiling.stopped:
+        return f"{search.search_id}: stopped, {ceiling.stopped}"
+    if not ceiling.done:
+        return f"{search.search_id}: next B={ceiling.next_batch} (fits {ceiling.fits}, fails {ceiling.fails})"
+    if ceiling.fails is None:
+        return f"{search.search_id}: ≥ {ceiling.fits} (the limit)"
+    if ceiling.fits is None:
+        return f"{search.search_id}: < {ceiling.fails} (nothing probed fits)"
+    return f"{search.search_id}: {ceiling.fits} fits, {ceiling.fails} does not"
+
+
+def load_searches(path: str | Path, match: Sequence[str] = ()) -> list[CeilingSearch]:
+    """Expand and validate a ceiling grid (``defaults`` + ``searches``); raise GridError naming every problem."""
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise GridError(f"cannot read ceiling grid {path}: {error}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("searches"), list):
+        raise GridError(f"ceiling grid {path} needs a `searches` list (and optional `name`, `defaults`).")
+    defaults = document.get("defaults") or {}
+    searches, problems = [], []
+    for index, entry in enumerate(document["searches"]):
+        merged = {**defaults, **(entry or {}), "grid": document.get("name", path.stem)}
+        lists = {key: value for key, value in merged.items() if key in EXPANDABLE and isinstance(value, list)}
+        for combination in itertools.product(*lists.values()):
+            fields = merged | dict(zip(lists, combination))
+            try:
+                search = CeilingSearch(**fields)
+                check_plan(search.probe(search.start, search.seeds[0]))
+            except (ValidationError, ValueError) as error:
+                described = " ".join(f"{k}={fields[k]}" for k in SEARCH_FIELDS if fields.get(k) is not None)
+                problems.append(f"searches[{index}] ({described}): {error}")
+                continue
+            searches.append(search)
+    ids = [s.search_id for s in searches]
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        problems.append(f"searches repeat: {', '.join(repeated)}")
+    if problems:
+        raise GridError(f"ceiling grid {path} is invalid:\n  " + "\n  ".join(problems))
+    if match:
+        searches = [s for s in searches if any(fnmatch.fnmatchcase(s.search_id, pattern) for pattern in match)]
+    return searches
+
+
+def run_searches(
+    searches: Sequence[CeilingSearch],
+    results_dir: Path,
+    notebooks_dir: Path,
+    gpus: Sequence[str] | None = None,
+    cells_per_gpu: int = 1,
+    echo: Callable[[str], None] = print,
+) -> list[Ceiling]:
+    """Run searches side by side: ``cells_per_gpu`` searches per GPU (one without GPUs); a search's
+    own probes run in order, since each decides the next."""
+    if cells_per_gpu < 1:
+        raise ValueError(f"cells_per_gpu must be at least 1, got {cells_per_gpu}")
+    work: queue.Queue[int] = queue.Queue()
+    for index in range(len(searches)):
+        work.put(index)
+    ceilings: list[Ceiling | None] = [None] * len(searches)
+    lock = threading.Lock()
+    started = time.perf_counter()
+
+    def say(line: str) -> None:
+        with lock:
+            echo(line)
+
+    def worker(slot: str | None, gate: Path | None) -> None:
+        while True:
+            try:
+                index = work.get_nowait()
+            except queue.Empty:
+                return
+            ceilings[index] = run_search(searches[index], results_dir, notebooks_dir, slot, gate, say)
+            say(f"[{time.perf_counter() - started:.0f}s] {describe(searches[index], ceilings[index])}")
+
+    slots: list[str | None] = list(gpus) if gpus else [None]
+    threads = [
+        threading.Thread(target=worker, args=(slot, gate_path(slot) if cells_per_gpu > 1 else None))
+        for slot in slots
+        for _ in range(cells_per_gpu)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [c for c in ceilings if c is not None]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="harness-ceiling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("grid", type=Path)
+    parser.add_argument("--gpus", help="run searches side by side, one GPU each: '0,1' or 'all'")
+    parser.add_argument("--cells-per-gpu", type=int, default=1, metavar="N",
+                        help="N searches per GPU, their probes starting up together and measuring one at a time")  # fmt: skip
+    parser.add_argument("--match", action="append", default=[], metavar="GLOB", help="only searches whose id matches")
+    parser.add_argument("--dry-run", action="store_true", help="say where each search stands, run nothing")
+    parser.add_argument("--results-dir", type=Path, default=ROOT / "results")
+    parser.add_argument("--notebooks-dir", type=Path, default=ROOT / "book" / "cells")
+    args = parser.parse_args(argv)
+    try:
+        searches = load_searches(args.grid, args.match)
+    except GridError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if not searches:
+        print(f"no search of {args.grid} matches {' or '.join(args.match)}", file=sys.stderr)
+        return 2
+    if args.cells_per_gpu < 1:
+        print(f"--cells-per-gpu must be at least 1, got {args.cells_per_gpu}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for search in searches:
+            print(describe(search, search_state(search, args.results_dir)[0]))
+        print(f"{len(searches)} searches")
+        return 0
+    run_searches(searches, args.results_dir, args.notebooks_dir, visible_gpus(args.gpus) if args.gpus else None, args.cells_per_gpu)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

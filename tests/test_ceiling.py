@@ -1,0 +1,143 @@
+"""Ceiling searches: the bracket-and-bisect walk, resuming from result files, the grid, and a real
+probe through papermill (pylate environment, CPU)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness import ceiling, report
+from harness.ceiling import CeilingSearch, plan_search
+from harness.results import CellResult, load_result, write_result
+from harness.sweep import CellRun, GridError
+
+pytestmark = pytest.mark.pylate
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def search(**fields) -> CeilingSearch:
+    base = {"stack": "pylate", "regime": "grad-checkpoint", "variant": "vanilla", "card": "h100-80gb",
+            "seeds": [42, 43], "start": 256, "limit": 8192, "resolution": 32}  # fmt: skip
+    return CeilingSearch(**base | fields)
+
+
+def walk(s: CeilingSearch, true_ceiling: int) -> tuple[ceiling.Ceiling, list[int]]:
+    asked: list[int] = []
+
+    def decide(batch: int) -> bool:
+        asked.append(batch)
+        return batch <= true_ceiling
+
+    return plan_search(s, decide), asked
+
+
+def test_the_search_doubles_then_bisects_to_its_resolution():
+    result, asked = walk(search(), 700)
+    assert asked == [256, 512, 1024, 768, 640, 704, 672]
+    assert (result.fits, result.fails, result.done) == (672, 704, True)
+
+
+def test_a_start_that_fails_halves_down_and_a_search_can_end_at_either_bound():
+    result, asked = walk(search(start=1024), 300)
+    assert asked == [1024, 512, 256, 384, 320, 288]
+    assert (result.fits, result.fails) == (288, 320)
+    top, asked = walk(search(limit=1024), 10**6)
+    assert (top.fits, top.fails, asked) == (1024, None, [256, 512, 1024])
+    bottom, asked = walk(search(start=64), 0)
+    assert (bottom.fits, bottom.fails, asked) == (None, 32, [64, 32])
+
+
+def test_searches_are_validated_before_anything_runs(tmp_path):
+    with pytest.raises(ValueError, match="greater than or equal to 8"):
+        search(steps=4)
+    with pytest.raises(ValueError, match="multiples of resolution"):
+        search(start=100)
+    with pytest.raises(ValueError, match="seeds repeat"):
+        search(seeds=[1, 1])
+    grid = tmp_path / "bad.yaml"
+    grid.write_text(yaml.safe_dump({"searches": [
+        {"stack": "pylate", "regime": "plain", "variant": "vanilla", "card": "h100-40gb", "seeds": [1], "start": 8, "limit": 64, "resolution": 8},
+        {"stack": "pylate", "regime": "plain", "variant": "vanilla", "card": "native", "allocator": "huge-pages", "seeds": [1], "start": 8, "limit": 64, "resolution": 8},
+    ]}))  # fmt: skip
+    with pytest.raises(GridError) as error:
+        ceiling.load_searches(grid)
+    assert "unknown card 'h100-40gb'" in str(error.value) and "unknown allocator 'huge-pages'" in str(error.value)
+
+
+def test_the_committed_ceiling_grid_covers_every_card_backend_and_allocator():
+    searches = ceiling.load_searches(ROOT / "grids" / "ceilings.yaml")
+    cards = {s.card for s in searches}
+    assert cards == {"rtx4090-24gb", "a100-40gb", "l40s-48gb", "h100-80gb", "native"}
+    assert {s.allocator for s in searches if s.stack == "colpali"} == {"default", "expandable"}
+    assert {(s.variant, s.score_mini_batch_size) for s in searches if s.stack == "pylate"} == {
+        ("vanilla", None), ("lik", None), ("flash", None), ("vanilla", 64)}
+    assert all(s.steps >= 8 and len(s.seeds) >= 3 for s in searches)
+    assert len({s.search_id for s in searches}) == len(searches) == 70
+
+
+def fake_probe(true_ceiling: int, crash_at: int | None = None, calls: list | None = None):
+    """A stand-in for the papermill run: writes the result an H100 with this true ceiling would give."""
+
+    def run_one(plan, results_dir, notebooks_dir, gpu, gate=None):
+        if calls is not None:
+            calls.append((plan.batch_size, plan.seed))
+        outcome = "crashed" if plan.batch_size == crash_at else ("ok" if plan.batch_size <= true_ceiling else "oom")
+        result = CellResult(
+            stack=plan.stack, regime=plan.regime, batch_size=plan.batch_size, variant=plan.variant, card=plan.card,
+            allocator=plan.allocator, steps=plan.steps, seed=plan.seed, outcome=outcome,
+            oom_message="CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0" if outcome == "oom" else None,
+            oom_where="maxsim" if outcome == "oom" else None,
+            step_peak_alloc_mib=plan.batch_size * 100.0, step_peak_reserved_mib=plan.batch_size * 110.0,
+            step_peak_alloc_per_step_mib=[plan.batch_size * 100.0] * 2,
+            step_peak_reserved_per_step_mib=[plan.batch_size * 105.0, plan.batch_size * 110.0],
+        )  # fmt: skip
+        write_result(result, plan.result_path(results_dir))
+        return CellRun(plan, outcome, 0.0, gpu or "-")
+
+    return run_one
+
+
+def test_a_search_runs_its_probes_lazily_and_resumes_from_its_results(tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(ceiling, "run_one", fake_probe(700, calls=calls))
+    s = search(limit=1024)
+    result = ceiling.run_search(s, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    assert (result.fits, result.fails) == (672, 704)
+    # a batch that fits needs every seed; one that fails stops at the first seed that runs out
+    assert calls[:5] == [(256, 42), (256, 43), (512, 42), (512, 43), (1024, 42)]
+    assert calls.count((704, 43)) == 0 and calls.count((672, 43)) == 1
+    # resume: nothing is re-run
+    monkeypatch.setattr(ceiling, "run_one", lambda *a, **k: pytest.fail("a finished search ran a probe"))
+    assert ceiling.run_search(s, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None).fits == 672
+    # the report reads the same state from the same files
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"name": "ceilings", "searches": [s.model_dump(exclude={"grid"})]}))
+    (row,) = report.ceilings(tmp_path, grid).to_dict("records")
+    assert (row["fits"], row["fails"], row["probes"], row["fails where"]) == (672, 704, len(calls), "maxsim")
+    assert row["peak reserved GiB"] == pytest.approx(672 * 110 / 1024)
+    assert row["headroom GiB"] == pytest.approx(78.43 - 672 * 110 / 1024)
+    assert row["fragmentation growth MiB"] == pytest.approx(672 * 5.0)
+    assert report.ceiling_text(row) == "672"
+    table = report.ceiling_grid(report.ceilings(tmp_path, grid))
+    assert table.loc[("pylate", "grad-checkpoint", "vanilla"), "80 GB (78.43 GiB)"] == "672"
+
+
+def test_a_crashed_probe_stops_its_search(tmp_path, monkeypatch):
+    monkeypatch.setattr(ceiling, "run_one", fake_probe(700, crash_at=512))
+    s = search()
+    result = ceiling.run_search(s, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    assert result.stopped == "probe pylate-grad-checkpoint-b512-vanilla-h100-80gb crashed" and result.fits == 256
+    assert "stopped" in ceiling.describe(s, result)
+
+
+def test_a_real_probe_runs_as_a_cell_with_its_allocator_in_its_environment(tmp_path):
+    s = CeilingSearch(stack="pylate", regime="plain", variant="vanilla", card="native", allocator="expandable",
+                      seeds=[42], steps=8, start=2, limit=2, resolution=2, preset="tiny", device="cpu", kernel="python3")  # fmt: skip
+    result = ceiling.run_searches([s], tmp_path / "results", tmp_path / "cells", echo=lambda line: None)
+    assert (result[0].fits, result[0].fails, result[0].done) == (2, None, True)
+    probe = load_result(s.probe(2, 42).result_path(tmp_path / "results"))
+    assert probe.outcome == "ok" and probe.allocator == "expandable" and len(probe.step_times_sec) == 8
+    assert probe.env.pytorch_cuda_alloc_conf == "expandable_segments:True"
+    assert len(probe.step_peak_reserved_per_step_mib) == 8
+    assert s.probe(2, 42).cell_id == "pylate-plain-b2-vanilla-native-expandable"
+    assert s.probe(2, 43).cell_id == "pylate-plain-b2-vanilla-native-expandable-s43"
