@@ -435,7 +435,12 @@ def ceiling_text(row: pd.Series) -> str:
     if row["probes"] == 0:
         return "not run"
     if not row["done"]:
-        return "searching" + (f" (≥ {int(row['fits'])})" if not _missing(row["fits"]) else "")
+        fits, fails = (None if _missing(row[k]) else int(row[k]) for k in ("fits", "fails"))
+        if fits and fails:
+            return f"{fits}–{fails - 1}, searching"
+        if fits or fails:
+            return f"≥ {fits}, searching" if fits else f"< {fails}, searching"
+        return "searching"
     if _missing(row["fails"]):
         return f"≥ {int(row['fits'])}"
     if _missing(row["fits"]):
@@ -459,8 +464,8 @@ def _card_label(name: str) -> str:
     profile = CARDS.get(name)
     if profile is None or profile.nominal_gb is None:
         return name
-    usable = f"{profile.usable_gib:.2f}" if profile.usable_gib is not None else "all"
-    return f"{profile.nominal_gb} GB ({usable} GiB)"
+    usable = f"{profile.usable_gib:.2f} GiB" if profile.usable_gib is not None else "whole device"
+    return f"{profile.nominal_gb} GB ({usable})"
 
 
 def ceiling_details(searches: pd.DataFrame) -> pd.DataFrame:

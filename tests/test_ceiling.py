@@ -141,3 +141,11 @@ def test_a_real_probe_runs_as_a_cell_with_its_allocator_in_its_environment(tmp_p
     assert len(probe.step_peak_reserved_per_step_mib) == 8
     assert s.probe(2, 42).cell_id == "pylate-plain-b2-vanilla-native-expandable"
     assert s.probe(2, 43).cell_id == "pylate-plain-b2-vanilla-native-expandable-s43"
+
+
+def test_an_unfinished_search_reads_as_its_bracket():
+    row = {"stopped": None, "probes": 5, "done": False, "fits": 256, "fails": 512}
+    assert report.ceiling_text(row) == "256–511, searching"
+    assert report.ceiling_text(row | {"fails": None}) == "≥ 256, searching"
+    assert report.ceiling_text(row | {"probes": 0}) == "not run"
+    assert report._card_label("native") == "141 GB (whole device)"
