@@ -311,6 +311,32 @@ def headline(cells: pd.DataFrame, stack: str, regime: str, batch: int, backend: 
     return _our_text(row.iloc[0])
 
 
+def probe_headline(results_dir: Path | None, stack: str, regime: str, batch: int, backend: str, card: str,
+                   allocator: str = "default") -> str:  # fmt: skip
+    """The ceiling probes of one batch in words: every seed's 8 steps trained (with the peaks), or
+    the first seed that ran out of memory, where, after how many steps and on what request."""
+    root = Path(results_dir or default_results_dir())
+    if not (root / "ceilings").exists():
+        return "not probed yet"
+    probes = load_results(root / "ceilings")
+    probes["backend"] = [backend_label(v, c) for v, c in zip(probes["variant"], probes["score_mini_batch_size"])]
+    chosen = probes[(probes["stack"] == stack) & (probes["regime"] == regime) & (probes["batch_size"] == batch)
+                    & (probes["backend"] == backend) & (probes["card"] == card) & (probes["allocator"] == allocator)]  # fmt: skip
+    if chosen.empty:
+        return "not probed yet"
+    failed = chosen[chosen["outcome"] == "oom"]
+    if not failed.empty:
+        row = failed.iloc[0]
+        where = "in the MaxSim op" if row["oom_where"] == "maxsim" else "outside the op"
+        return (f"runs out of memory {where} after {row['n_steps_done']} of {row['steps']} steps "
+                f"({failed_request(row['oom_message'])}; {row['pre_oom_alloc_mib'] * GIB_PER_MIB:.2f} GiB allocated, "
+                f"{row['pre_oom_reserved_mib'] * GIB_PER_MIB:.2f} GiB reserved)")  # fmt: skip
+    ok = chosen[chosen["outcome"] == "ok"]
+    return (f"trains all {ok['steps'].max()} steps for each of {len(ok)} seeds (peak "
+            f"{ok['step_peak_alloc_mib'].max() * GIB_PER_MIB:.2f} GiB allocated, "
+            f"{ok['step_peak_reserved_mib'].max() * GIB_PER_MIB:.2f} GiB reserved)")  # fmt: skip
+
+
 def op_level(cells: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     """Op-level cells (a loss head alone), one row each, with the head's isolated memory joined in."""
     if cells.empty or "negatives" not in cells:

@@ -87,6 +87,9 @@ def fake_probe(true_ceiling: int, crash_at: int | None = None, calls: list | Non
             allocator=plan.allocator, steps=plan.steps, seed=plan.seed, outcome=outcome,
             oom_message="CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0" if outcome == "oom" else None,
             oom_where="maxsim" if outcome == "oom" else None,
+            pre_oom_alloc_mib=plan.batch_size * 100.0 if outcome == "oom" else None,
+            pre_oom_reserved_mib=plan.batch_size * 110.0 if outcome == "oom" else None,
+            step_times_sec=[1.0] * (plan.steps if outcome == "ok" else 1),
             step_peak_alloc_mib=plan.batch_size * 100.0, step_peak_reserved_mib=plan.batch_size * 110.0,
             step_peak_alloc_per_step_mib=[plan.batch_size * 100.0] * 2,
             step_peak_reserved_per_step_mib=[plan.batch_size * 105.0, plan.batch_size * 110.0],
@@ -118,6 +121,11 @@ def test_a_search_runs_its_probes_lazily_and_resumes_from_its_results(tmp_path, 
     assert row["headroom GiB"] == pytest.approx(78.43 - 672 * 110 / 1024)
     assert row["fragmentation growth MiB"] == pytest.approx(672 * 5.0)
     assert report.ceiling_text(row) == "672"
+    assert report.probe_headline(tmp_path, "pylate", "grad-checkpoint", 704, "vanilla", "h100-80gb") == (
+        "runs out of memory in the MaxSim op after 1 of 8 steps (Tried to allocate 2.00 GiB; 68.75 GiB allocated, 75.62 GiB reserved)")
+    assert report.probe_headline(tmp_path, "pylate", "grad-checkpoint", 672, "vanilla", "h100-80gb") == (
+        "trains all 8 steps for each of 2 seeds (peak 65.62 GiB allocated, 72.19 GiB reserved)")
+    assert report.probe_headline(tmp_path, "pylate", "plain", 672, "vanilla", "h100-80gb") == "not probed yet"
     table = report.ceiling_grid(report.ceilings(tmp_path, grid))
     assert table.loc[("pylate", "grad-checkpoint", "vanilla"), "80 GB (78.43 GiB)"] == "672"
 
