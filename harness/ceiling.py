@@ -5,12 +5,13 @@ cannot: whether a batch fits can hang on the allocator's fragmentation, so it is
 it. One search is a (stack, regime, variant[, chunk], card, allocator) and a list of seeds. Its
 probes are ordinary cells (grid ``ceilings``, a fresh papermill kernel each, results and notebooks
 where every other cell's go) of ``steps`` ≥ 8 real optimizer steps. A batch *fits* when every seed
-trains all its steps without running out of memory; the seeds run one after another and the first
-OOM decides.
+trains all its steps without running out of memory.
 
-The search doubles from ``start`` until a batch does not fit (halving instead if ``start`` already
-does not), then bisects between the largest batch that fits and the smallest that does not, in
-multiples of ``resolution``, until they are ``resolution`` apart. Every decision is read back from
+The search runs on the first seed: it doubles from ``start`` until a batch does not fit (halving
+instead if ``start`` already does not), then bisects between the largest batch that fits and the
+smallest that does not, in multiples of ``resolution``, until they are ``resolution`` apart. The
+batch it ends on is then run with every other seed; if one runs out of memory, that batch fails
+and the search goes on below it. Every decision is read back from
 the probes' result files, so a search stopped at any point resumes where it was, re-running
 nothing; a crashed probe stops its search (rerun with ``--rerun-crashed``).
 
@@ -103,7 +104,7 @@ class Ceiling:
         return self.next_batch is None
 
 
-def plan_search(search: CeilingSearch, decide: Callable[[int], bool | None]) -> Ceiling:
+def walk(search: CeilingSearch, decide: Callable[[int], bool | None]) -> Ceiling:
     """Walk the bracket-and-bisect search; ``decide(batch)`` says whether a batch fits (None:
     undecided yet — the walk stops there and names it as the next batch to run)."""
     ceiling = Ceiling()
@@ -138,18 +139,40 @@ def plan_search(search: CeilingSearch, decide: Callable[[int], bool | None]) -> 
     return ceiling
 
 
-def batch_verdict(search: CeilingSearch, batch_size: int, results_dir: Path) -> tuple[bool | None, CellPlan | None, str | None]:
-    """Whether ``batch_size`` fits, from the results on disk: (verdict, the probe to run next, a crash)."""
+def plan_search(search: CeilingSearch, screen: Callable[[int], bool | None], confirm: Callable[[int], bool | None]) -> Ceiling:
+    """The whole search: walk on the first seed (``screen``), then confirm the batch it ends on with
+    every seed (``confirm``). A seed that runs out of memory there makes that batch a failing one —
+    ``screen`` must say so from then on — and the walk goes on below it. Under the assumption a
+    ceiling rests on (what fits for a seed at B fits at any smaller B), this is the answer of
+    running every seed at every probed batch, at a fraction of the probes."""
+    while True:
+        ceiling = walk(search, screen)
+        if not ceiling.done or ceiling.fits is None:
+            return ceiling
+        verdict = confirm(ceiling.fits)
+        if verdict is None:
+            ceiling.next_batch = ceiling.fits
+            return ceiling
+        if verdict:
+            return ceiling
+
+
+def batch_verdict(search: CeilingSearch, batch_size: int, results_dir: Path, seeds: Sequence[int] | None = None
+                  ) -> tuple[bool | None, CellPlan | None, str | None]:  # fmt: skip
+    """Whether ``batch_size`` fits for ``seeds`` (default: all), from the results on disk, seed by
+    seed: (verdict, the probe to run next, a crashed probe's id). A failure recorded for any seed
+    of the search at this batch decides it."""
     for seed in search.seeds:
+        plan = search.probe(batch_size, seed)
+        if status(plan, results_dir) == "done" and load_result(plan.result_path(results_dir)).outcome == "oom":
+            return False, None, None
+    for seed in search.seeds if seeds is None else seeds:
         plan = search.probe(batch_size, seed)
         state = status(plan, results_dir)
         if state == "missing":
             return None, plan, None
-        outcome = load_result(plan.result_path(results_dir)).outcome
-        if outcome == "crashed":
+        if state == "crashed":
             return None, None, plan.cell_id
-        if outcome == "oom":
-            return False, None, None
     return True, None, None
 
 
@@ -157,12 +180,15 @@ def search_state(search: CeilingSearch, results_dir: Path) -> tuple[Ceiling, Cel
     """The search as far as its result files decide it, and the probe to run next (if any)."""
     pending: dict[str, Any] = {}
 
-    def decide(batch_size: int) -> bool | None:
-        verdict, plan, crashed = batch_verdict(search, batch_size, results_dir)
-        pending.update(plan=plan, crashed=crashed)
-        return verdict
+    def decider(seeds: Sequence[int] | None) -> Callable[[int], bool | None]:
+        def decide(batch_size: int) -> bool | None:
+            verdict, plan, crashed = batch_verdict(search, batch_size, results_dir, seeds)
+            pending.update(plan=plan, crashed=crashed)
+            return verdict
 
-    ceiling = plan_search(search, decide)
+        return decide
+
+    ceiling = plan_search(search, decider(search.seeds[:1]), decider(None))
     if pending.get("crashed"):
         ceiling.stopped = f"probe {pending['crashed']} crashed"
         return ceiling, None

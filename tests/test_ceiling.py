@@ -8,6 +8,7 @@ import yaml
 
 from harness import ceiling, report
 from harness.ceiling import CeilingSearch, plan_search
+from harness.ceiling import walk as walk_search
 from harness.results import CellResult, load_result, write_result
 from harness.sweep import CellRun, GridError
 
@@ -28,7 +29,7 @@ def walk(s: CeilingSearch, true_ceiling: int) -> tuple[ceiling.Ceiling, list[int
         asked.append(batch)
         return batch <= true_ceiling
 
-    return plan_search(s, decide), asked
+    return walk_search(s, decide), asked
 
 
 def test_the_search_doubles_then_bisects_to_its_resolution():
@@ -45,6 +46,28 @@ def test_a_start_that_fails_halves_down_and_a_search_can_end_at_either_bound():
     assert (top.fits, top.fails, asked) == (1024, None, [256, 512, 1024])
     bottom, asked = walk(search(start=64), 0)
     assert (bottom.fits, bottom.fails, asked) == (None, 32, [64, 32])
+
+
+def test_the_ceiling_is_confirmed_on_every_seed_and_a_failing_seed_sends_the_search_below():
+    per_seed = {42: 700, 43: 650, 44: 700}  # seed 43 meets longer queries: a lower ceiling
+    failed: set[int] = set()
+    asked: list[tuple[int, str]] = []
+
+    def screen(batch: int) -> bool:
+        asked.append((batch, "42"))
+        return batch not in failed and batch <= per_seed[42]
+
+    def confirm(batch: int) -> bool:
+        asked.append((batch, "all"))
+        if all(batch <= limit for limit in per_seed.values()):
+            return True
+        failed.add(batch)
+        return False
+
+    result = plan_search(search(), screen, confirm)
+    assert (result.fits, result.fails, result.done) == (640, 672, True)
+    confirmations = [batch for batch, seeds in asked if seeds == "all"]
+    assert confirmations == [672, 640]  # only the candidate ceilings ran on every seed
 
 
 def test_searches_are_validated_before_anything_runs(tmp_path):
@@ -81,7 +104,8 @@ def fake_probe(true_ceiling: int, crash_at: int | None = None, calls: list | Non
     def run_one(plan, results_dir, notebooks_dir, gpu, gate=None):
         if calls is not None:
             calls.append((plan.batch_size, plan.seed))
-        outcome = "crashed" if plan.batch_size == crash_at else ("ok" if plan.batch_size <= true_ceiling else "oom")
+        limit = true_ceiling[plan.seed] if isinstance(true_ceiling, dict) else true_ceiling
+        outcome = "crashed" if plan.batch_size == crash_at else ("ok" if plan.batch_size <= limit else "oom")
         result = CellResult(
             stack=plan.stack, regime=plan.regime, batch_size=plan.batch_size, variant=plan.variant, card=plan.card,
             allocator=plan.allocator, steps=plan.steps, seed=plan.seed, outcome=outcome,
@@ -106,9 +130,8 @@ def test_a_search_runs_its_probes_lazily_and_resumes_from_its_results(tmp_path, 
     s = search(limit=1024)
     result = ceiling.run_search(s, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
     assert (result.fits, result.fails) == (672, 704)
-    # a batch that fits needs every seed; one that fails stops at the first seed that runs out
-    assert calls[:5] == [(256, 42), (256, 43), (512, 42), (512, 43), (1024, 42)]
-    assert calls.count((704, 43)) == 0 and calls.count((672, 43)) == 1
+    # the walk runs on the first seed; only the ceiling it ends on runs on every seed
+    assert calls == [(256, 42), (512, 42), (1024, 42), (768, 42), (640, 42), (704, 42), (672, 42), (672, 43)]
     # resume: nothing is re-run
     monkeypatch.setattr(ceiling, "run_one", lambda *a, **k: pytest.fail("a finished search ran a probe"))
     assert ceiling.run_search(s, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None).fits == 672
@@ -128,6 +151,15 @@ def test_a_search_runs_its_probes_lazily_and_resumes_from_its_results(tmp_path, 
     assert report.probe_headline(tmp_path, "pylate", "plain", 672, "vanilla", "h100-80gb") == "not probed yet"
     table = report.ceiling_grid(report.ceilings(tmp_path, grid))
     assert table.loc[("pylate", "grad-checkpoint", "vanilla"), "80 GB (78.43 GiB)"] == "672"
+
+
+def test_a_seed_that_fails_at_the_candidate_is_read_back_from_disk(tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(ceiling, "run_one", fake_probe({42: 700, 43: 650}, calls=calls))
+    result = ceiling.run_search(search(limit=1024), tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    assert (result.fits, result.fails) == (640, 672)
+    assert calls[-3:] == [(672, 42), (672, 43), (640, 43)]
+    assert ceiling.search_state(search(limit=1024), tmp_path) == (result, None)
 
 
 def test_a_crashed_probe_stops_its_search(tmp_path, monkeypatch):
