@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 SCHEMA_VERSION = 1
 
@@ -103,6 +103,10 @@ class CellResult(_Record):
     # per completed step: its own peak allocated / reserved (fragmentation = reserved - allocated)
     step_peak_alloc_per_step_mib: list[float] = Field(default_factory=list)
     step_peak_reserved_per_step_mib: list[float] = Field(default_factory=list)
+    # derived from the peaks above when a result is built or loaded (files from before they existed
+    # get them on load): reserved − allocated at the step peak, and per completed step
+    fragmentation_mib: float | None = None
+    fragmentation_per_step_mib: list[float] = Field(default_factory=list)
     autotune_steps: list[int] = Field(default_factory=list)
     steady_steps: list[int] = Field(default_factory=list)
     steady_step_time_sec: float | None = None
@@ -112,6 +116,15 @@ class CellResult(_Record):
     maxsim_calls_isolated: list[OpCall] = Field(default_factory=list)
     env: Environment | None = None
     wall_sec: float | None = None
+
+
+    @model_validator(mode="after")
+    def _derive_fragmentation(self) -> CellResult:
+        alloc, reserved = self.step_peak_alloc_mib, self.step_peak_reserved_mib
+        self.fragmentation_mib = None if alloc is None or reserved is None else reserved - alloc
+        pairs = zip(self.step_peak_reserved_per_step_mib, self.step_peak_alloc_per_step_mib)
+        self.fragmentation_per_step_mib = [step_reserved - step_alloc for step_reserved, step_alloc in pairs]
+        return self
 
 
 class ResultError(ValueError):
@@ -214,13 +227,12 @@ def load_results(
 
 
 def _cell_summary(result: CellResult) -> dict[str, object]:
-    alloc, reserved = result.step_peak_alloc_mib, result.step_peak_reserved_mib
     isolated = [c for c in result.maxsim_calls_isolated if not c.oom_in_replay]
     largest = max(isolated, key=lambda c: c.saved_for_backward_mib or 0.0, default=None)
     steady = [result.step_times_sec[i] for i in result.steady_steps]
-    per_step = fragmentation_per_step(result)
+    per_step = result.fragmentation_per_step_mib
     return {
-        "fragmentation_mib": None if alloc is None or reserved is None else reserved - alloc,
+        "fragmentation_mib": result.fragmentation_mib,
         "fragmentation_first_step_mib": per_step[0] if per_step else None,
         "fragmentation_last_step_mib": per_step[-1] if per_step else None,
         "fragmentation_growth_mib": per_step[-1] - per_step[0] if len(per_step) > 1 else None,
@@ -238,13 +250,6 @@ def _cell_summary(result: CellResult) -> dict[str, object]:
         "op_forward_transient_peak_mib": None if largest is None else largest.forward_transient_peak_mib,
         "op_predicted_saved_for_backward_mib": None if largest is None else largest.predicted_saved_for_backward_mib,
     }
-
-
-def fragmentation_per_step(result: CellResult) -> list[float]:
-    """Per completed step: its reserved peak − its allocated peak (MiB). Growth across the list is
-    reserved memory the allocator keeps but cannot hand out to the step's largest requests."""
-    pairs = zip(result.step_peak_reserved_per_step_mib, result.step_peak_alloc_per_step_mib)
-    return [reserved - alloc for reserved, alloc in pairs]
 
 
 def _quantile(values: list[float], q: float) -> float | None:

@@ -86,6 +86,20 @@ def test_load_results_gives_one_row_per_cell_or_per_call(tmp_path):
     assert calls.iloc[0]["query_shape"] == [4, 8, 16]
 
 
+def test_every_result_carries_its_fragmentation_and_older_files_get_it_on_load(tmp_path):
+    result = make_result(step_peak_alloc_per_step_mib=[90.0, 100.0], step_peak_reserved_per_step_mib=[100.0, 130.0])
+    path = write_result(result, tmp_path / "cell.json")
+    stored = json.loads(path.read_text())
+    assert stored["fragmentation_mib"] == 30.0 and stored["fragmentation_per_step_mib"] == [10.0, 30.0]
+    assert stored["allocator"] == "default"
+    del stored["fragmentation_mib"], stored["fragmentation_per_step_mib"], stored["allocator"]  # a file from before
+    path.write_text(json.dumps(stored))
+    loaded = load_result(path)
+    assert (loaded.fragmentation_mib, loaded.fragmentation_per_step_mib, loaded.allocator) == (30.0, [10.0, 30.0], "default")
+    (row,) = load_results(path).to_dict("records")
+    assert (row["fragmentation_first_step_mib"], row["fragmentation_last_step_mib"], row["fragmentation_growth_mib"]) == (10.0, 30.0, 20.0)
+
+
 def test_load_results_of_an_empty_directory_is_an_empty_frame(tmp_path):
     frame = load_results(tmp_path)
     assert frame.empty and "batch_size" in frame.columns
