@@ -13,7 +13,7 @@ smallest that does not, in multiples of ``resolution``, until they are ``resolut
 batch it ends on is then run with every other seed; if one runs out of memory, that batch fails
 and the search goes on below it. Every decision is read back from
 the probes' result files, so a search stopped at any point resumes where it was, re-running
-nothing; a crashed probe stops its search (rerun with ``--rerun-crashed``).
+nothing; a crashed probe stops its search (``--rerun-crashed`` runs it once more).
 
     harness-ceiling grids/ceilings.yaml --dry-run
     harness-ceiling grids/ceilings.yaml --gpus 0,1 --cells-per-gpu 2
@@ -157,32 +157,52 @@ def plan_search(search: CeilingSearch, screen: Callable[[int], bool | None], con
             return ceiling
 
 
-def batch_verdict(search: CeilingSearch, batch_size: int, results_dir: Path, seeds: Sequence[int] | None = None
-                  ) -> tuple[bool | None, CellPlan | None, str | None]:  # fmt: skip
+class ProbeMismatch(ValueError):
+    """A result at a probe's path that was run with other settings than the search's."""
+
+
+def probe_outcome(plan: CellPlan, results_dir: Path) -> str:
+    """``missing``, ``crashed``, ``ok`` or ``oom`` for one probe, from its result file. A result run
+    with other steps, preset, card or allocator than the probe (a smoke test into the same folder, a
+    grid edited since) is refused rather than taken for this probe's verdict."""
+    if status(plan, results_dir) == "missing":
+        return "missing"
+    result = load_result(plan.result_path(results_dir))
+    if result.outcome != "crashed":
+        ran = (result.steps, result.preset, result.card, result.allocator)
+        if ran != (plan.steps, plan.preset, plan.card, plan.allocator):
+            raise ProbeMismatch(
+                f"{plan.result_path(results_dir)} ran with steps, preset, card, allocator = {ran}, but the probe asks "
+                f"{(plan.steps, plan.preset, plan.card, plan.allocator)}; move that result away to run the probe."
+            )
+    return result.outcome
+
+
+def batch_verdict(search: CeilingSearch, batch_size: int, results_dir: Path, seeds: Sequence[int] | None = None,
+                  rerun_crashed: bool = False) -> tuple[bool | None, CellPlan | None, str | None]:  # fmt: skip
     """Whether ``batch_size`` fits for ``seeds`` (default: all), from the results on disk, seed by
     seed: (verdict, the probe to run next, a crashed probe's id). A failure recorded for any seed
-    of the search at this batch decides it."""
-    for seed in search.seeds:
-        plan = search.probe(batch_size, seed)
-        if status(plan, results_dir) == "done" and load_result(plan.result_path(results_dir)).outcome == "oom":
-            return False, None, None
+    of the search at this batch decides it. A crashed probe stops the search, or with
+    ``rerun_crashed`` is the probe to run again."""
+    outcomes = {seed: probe_outcome(search.probe(batch_size, seed), results_dir) for seed in search.seeds}
+    if "oom" in outcomes.values():
+        return False, None, None
     for seed in search.seeds if seeds is None else seeds:
         plan = search.probe(batch_size, seed)
-        state = status(plan, results_dir)
-        if state == "missing":
+        if outcomes[seed] == "missing" or (outcomes[seed] == "crashed" and rerun_crashed):
             return None, plan, None
-        if state == "crashed":
+        if outcomes[seed] == "crashed":
             return None, None, plan.cell_id
     return True, None, None
 
 
-def search_state(search: CeilingSearch, results_dir: Path) -> tuple[Ceiling, CellPlan | None]:
+def search_state(search: CeilingSearch, results_dir: Path, rerun_crashed: bool = False) -> tuple[Ceiling, CellPlan | None]:
     """The search as far as its result files decide it, and the probe to run next (if any)."""
     pending: dict[str, Any] = {}
 
     def decider(seeds: Sequence[int] | None) -> Callable[[int], bool | None]:
         def decide(batch_size: int) -> bool | None:
-            verdict, plan, crashed = batch_verdict(search, batch_size, results_dir, seeds)
+            verdict, plan, crashed = batch_verdict(search, batch_size, results_dir, seeds, rerun_crashed)
             pending.update(plan=plan, crashed=crashed)
             return verdict
 
@@ -196,12 +216,17 @@ def search_state(search: CeilingSearch, results_dir: Path) -> tuple[Ceiling, Cel
 
 
 def run_search(search: CeilingSearch, results_dir: Path, notebooks_dir: Path, gpu: str | None, gate: Path | None,
-               echo: Callable[[str], None] = print) -> Ceiling:  # fmt: skip
+               echo: Callable[[str], None] = print, rerun_crashed: bool = False) -> Ceiling:  # fmt: skip
     """Run the probes a search still needs, one at a time, and return where it ends."""
+    rerun = set()  # crashed probes run again once each, not again and again
     while True:
-        ceiling, plan = search_state(search, results_dir)
+        ceiling, plan = search_state(search, results_dir, rerun_crashed)
         if plan is None:
             return ceiling
+        if plan.cell_id in rerun:
+            return search_state(search, results_dir)[0]  # it crashed again: stop there
+        if status(plan, results_dir) == "crashed":
+            rerun.add(plan.cell_id)
         run = run_one(plan, results_dir, notebooks_dir, gpu, gate)
         echo(f"  {plan.cell_id}: {run.outcome} in {run.seconds:.0f}s" + (f" on GPU {gpu}" if gpu is not None else ""))
 
@@ -260,9 +285,11 @@ def run_searches(
     gpus: Sequence[str] | None = None,
     cells_per_gpu: int = 1,
     echo: Callable[[str], None] = print,
+    rerun_crashed: bool = False,
 ) -> list[Ceiling]:
     """Run searches side by side: ``cells_per_gpu`` searches per GPU (one without GPUs); a search's
-    own probes run in order, since each decides the next."""
+    own probes run in order, since each decides the next. Returns one Ceiling per search, in order;
+    a search that raised is returned stopped, with the error, and the others go on."""
     if cells_per_gpu < 1:
         raise ValueError(f"cells_per_gpu must be at least 1, got {cells_per_gpu}")
     work: queue.Queue[int] = queue.Queue()
@@ -282,20 +309,19 @@ def run_searches(
                 index = work.get_nowait()
             except queue.Empty:
                 return
-            ceilings[index] = run_search(searches[index], results_dir, notebooks_dir, slot, gate, say)
+            try:
+                ceilings[index] = run_search(searches[index], results_dir, notebooks_dir, slot, gate, say, rerun_crashed)
+            except Exception as error:  # noqa: BLE001 — one broken search must not silently end the others
+                ceilings[index] = Ceiling(stopped=f"{type(error).__name__}: {error}")
             say(f"[{time.perf_counter() - started:.0f}s] {describe(searches[index], ceilings[index])}")
 
     slots: list[str | None] = list(gpus) if gpus else [None]
-    threads = [
-        threading.Thread(target=worker, args=(slot, gate_path(slot) if cells_per_gpu > 1 else None))
-        for slot in slots
-        for _ in range(cells_per_gpu)
-    ]
+    threads = [threading.Thread(target=worker, args=(slot, gate_path(slot))) for slot in slots for _ in range(cells_per_gpu)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return [c for c in ceilings if c is not None]
+    return [ceiling or Ceiling(stopped="never started") for ceiling in ceilings]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -306,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="N searches per GPU, their probes starting up together and measuring one at a time")  # fmt: skip
     parser.add_argument("--match", action="append", default=[], metavar="GLOB", help="only searches whose id matches")
     parser.add_argument("--dry-run", action="store_true", help="say where each search stands, run nothing")
+    parser.add_argument("--rerun-crashed", action="store_true", help="run crashed probes again (once each)")
     parser.add_argument("--results-dir", type=Path, default=ROOT / "results")
     parser.add_argument("--notebooks-dir", type=Path, default=ROOT / "book" / "cells")
     args = parser.parse_args(argv)
@@ -325,8 +352,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(describe(search, search_state(search, args.results_dir)[0]))
         print(f"{len(searches)} searches")
         return 0
-    run_searches(searches, args.results_dir, args.notebooks_dir, visible_gpus(args.gpus) if args.gpus else None, args.cells_per_gpu)
-    return 0
+    ceilings = run_searches(searches, args.results_dir, args.notebooks_dir, visible_gpus(args.gpus) if args.gpus else None,
+                            args.cells_per_gpu, rerun_crashed=args.rerun_crashed)  # fmt: skip
+    stopped = [describe(search, c) for search, c in zip(searches, ceilings) if c.stopped]
+    for line in stopped:
+        print(line, file=sys.stderr)
+    return 1 if stopped else 0
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def check_writable(path: Path) -> None:
 def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
     """Run one cell and write its result to ``params.output``; returns the result."""
     stack = validate(params, stack)
-    gpu_gate.hold()  # under harness-sweep --cells-per-gpu: wait for this GPU before touching it
+    gpu_wait = gpu_gate.hold()  # under harness-sweep: wait for this GPU before creating a CUDA context
     started = time.perf_counter()
     probe = probe_for(params.device)
     device = probe.device  # with its index resolved (cuda -> cuda:0)
@@ -179,6 +179,7 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
     peak_alloc, peak_reserved = to_mib(ledger.peak_allocated_bytes), to_mib(ledger.peak_reserved_bytes)
     result = CellResult(
         stack=stack.name,
+        gpu_wait_sec=gpu_wait,
         regime=params.regime,
         batch_size=params.batch_size,
         variant=params.variant,

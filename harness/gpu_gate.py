@@ -2,8 +2,9 @@
 
 A cell spends its first seconds importing its stack (on a slow file system, half of an op-level
 cell's time), none of it on the GPU. ``harness-sweep --cells-per-gpu 2`` therefore starts two
-cells per GPU; each takes its GPU's lock (a file named by ``MAXSIM_GPU_LOCK``) before its first
-CUDA work and holds it until its process ends. The lock outlives the measurement on purpose: the
+cells per GPU; each takes its GPU's lock (a file named by ``MAXSIM_GPU_LOCK``) once its parameters
+are validated — having at most asked the driver how many devices there are — and before it creates
+a CUDA context, and holds it until its process ends. The lock outlives the measurement on purpose: the
 CUDA context and cached blocks of a finished cell are gone before the next cell measures, so a cell
 never sees memory another process holds.
 """

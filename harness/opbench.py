@@ -223,7 +223,7 @@ def time_head(op: MaxSimOp, shape: OpShape, variant: str, device: torch.device, 
 def run_op_cell(params: OpCellParams) -> CellResult:
     """Time and bracket one head; write and return the result (outcome ``oom`` when it does not fit)."""
     op = validate(params)
-    gpu_gate.hold()
+    gpu_wait = gpu_gate.hold()
     started = time.perf_counter()
     probe = probe_for(params.device)
     device = probe.device
@@ -261,7 +261,7 @@ def run_op_cell(params: OpCellParams) -> CellResult:
         samples_per_sec=None if not median else params.batch_size / median,
         backend_entry_point_calls=kernel_calls, maxsim_calls_isolated=isolated,
         env=environment.collect(device, "native", None, params.seed, "none (loss head only)", "random unit-norm embeddings"),
-        wall_sec=time.perf_counter() - started,
+        wall_sec=time.perf_counter() - started, gpu_wait_sec=gpu_wait,
     )  # fmt: skip
     write_result(result, params.output)
     return result

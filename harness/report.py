@@ -38,9 +38,12 @@ def per_card(frame: pd.DataFrame, *renderers: Callable[[pd.DataFrame], object]) 
     """For each card in ``frame``: a heading, then every renderer's table or figure for that card."""
     from IPython.display import Markdown, display
 
-    for card, group in frame.groupby("card"):
+    keys = ["card", "allocator"] if "allocator" in frame.columns else ["card"]
+    for key, group in frame.groupby(keys):
+        card, allocator = (key + ("default",))[:2] if isinstance(key, tuple) else (key, "default")
         described = f" — {CARDS[card].description}" if card in CARDS else ""
-        display(Markdown(f"**Card: {card}**{described}"))
+        allocated = "" if allocator == "default" else f" · allocator: {allocator}"
+        display(Markdown(f"**Card: {card}**{described}{allocated}"))
         for render in renderers:
             item = render(group)
             if not (isinstance(item, pd.DataFrame) and item.empty):
@@ -305,7 +308,7 @@ def headline(cells: pd.DataFrame, stack: str, regime: str, batch: int, backend: 
     if cells.empty:
         return "not measured yet"
     row = cells[(cells["stack"] == stack) & (cells["regime"] == regime) & (cells["batch_size"] == batch)
-                & (cells["backend"] == backend) & (cells["card"] == card)]  # fmt: skip
+                & (cells["backend"] == backend) & (cells["card"] == card) & (cells["allocator"] == "default")]  # fmt: skip
     if row.empty:
         return "not measured yet"
     return _our_text(row.iloc[0])
@@ -325,14 +328,17 @@ def probe_headline(results_dir: Path | None, stack: str, regime: str, batch: int
     if chosen.empty:
         return "not probed yet"
     failed = chosen[chosen["outcome"] == "oom"]
+    ok = chosen[chosen["outcome"] == "ok"]
+    if failed.empty and ok.empty:
+        return f"crashed ({len(chosen)} probe{'s' if len(chosen) > 1 else ''}; see the cell notebooks)"
     if not failed.empty:
         row = failed.iloc[0]
         where = "in the MaxSim op" if row["oom_where"] == "maxsim" else "outside the op"
         return (f"runs out of memory {where} after {row['n_steps_done']} of {row['steps']} steps "
                 f"({failed_request(row['oom_message'])}; {row['pre_oom_alloc_mib'] * GIB_PER_MIB:.2f} GiB allocated, "
                 f"{row['pre_oom_reserved_mib'] * GIB_PER_MIB:.2f} GiB reserved)")  # fmt: skip
-    ok = chosen[chosen["outcome"] == "ok"]
-    return (f"trains all {ok['steps'].max()} steps for each of {len(ok)} seeds (peak "
+    seeds = f"each of the {len(ok)} seeds run" if len(ok) > 1 else "the one seed run so far"
+    return (f"trains all {ok['steps'].max()} steps for {seeds} (peak "
             f"{ok['step_peak_alloc_mib'].max() * GIB_PER_MIB:.2f} GiB allocated, "
             f"{ok['step_peak_reserved_mib'].max() * GIB_PER_MIB:.2f} GiB reserved)")  # fmt: skip
 
@@ -431,9 +437,11 @@ def ceilings(results_dir: Path | None = None, grid: Path = CEILINGS_GRID) -> pd.
                           & (probes["allocator"] == search.allocator) & probes["seed"].isin(search.seeds)]  # fmt: skip
         at_fit = mine[mine["batch_size"] == ceiling.fits] if ceiling.fits is not None else mine.iloc[0:0]
         at_fail = mine[(mine["batch_size"] == ceiling.fails) & (mine["outcome"] == "oom")] if ceiling.fails is not None else mine.iloc[0:0]
-        limit = CARDS[search.card].usable_gib if search.card in CARDS else None
-        if limit is None and not mine.empty:
-            limit = mine["memory_limit_mib"].max() * GIB_PER_MIB
+        # the cap the probes actually ran under (the whole device for the native card); the profile's
+        # value only for a search with no probe yet
+        limit = mine["memory_limit_mib"].max() * GIB_PER_MIB if not mine.empty else None
+        if limit is None or math.isnan(limit):
+            limit = CARDS[search.card].usable_gib if search.card in CARDS else None
         failure = at_fail.iloc[0] if not at_fail.empty else None
         rows.append({
             "stack": search.stack, "regime": search.regime, "backend": backend_label(search.variant, search.score_mini_batch_size),
@@ -509,7 +517,7 @@ def ceiling_details(searches: pd.DataFrame) -> pd.DataFrame:
             "headroom GiB": _number(row["headroom GiB"], ".2f"),
             "reserved − alloc GiB": _number(row["fragmentation GiB"], ".2f"),
             "its growth over steps MiB": _number(row["fragmentation growth MiB"], "+.0f"),
-            "next batch failed in": binds, "failed request": row["failed request"] or "",
+            "next batch failed in": binds, "failed request": "" if _missing(row["failed request"]) else row["failed request"],
             "probes": int(row["probes"]),
         })  # fmt: skip
     return pd.DataFrame(rows)
@@ -517,8 +525,10 @@ def ceiling_details(searches: pd.DataFrame) -> pd.DataFrame:
 
 def plot_ceiling_bars(searches: pd.DataFrame, title: str):  # type: ignore[no-untyped-def]
     """Ceiling per card and backend (default allocator); a whisker up to the first batch that failed."""
-    done = searches[(searches["allocator"] == "default") & searches["done"] & searches["fits"].notna()]
     figure, axis = plt.subplots(figsize=(7, 4.2))
+    if searches.empty:
+        return figure
+    done = searches[(searches["allocator"] == "default") & searches["done"] & searches["fits"].notna()]
     cards = [name for name in sorted(CARDS, key=lambda n: CARDS[n].nominal_gb or 0) if name in set(done["card"])]
     backends = sorted(done["backend"].unique())
     width = 0.8 / max(len(backends), 1)

@@ -116,6 +116,7 @@ class CellResult(_Record):
     maxsim_calls_isolated: list[OpCall] = Field(default_factory=list)
     env: Environment | None = None
     wall_sec: float | None = None
+    gpu_wait_sec: float | None = None  # under harness-sweep's GPU lock: how long the cell waited for its GPU
 
 
     @model_validator(mode="after")

@@ -312,7 +312,7 @@ def run_sweep(
 
     slots: list[str | None] = list(gpus) if gpus else [None]
     threads = [
-        threading.Thread(target=worker, args=(slot, gate_path(slot) if cells_per_gpu > 1 else None))
+        threading.Thread(target=worker, args=(slot, gate_path(slot)))
         for slot in slots
         for _ in range(cells_per_gpu)
     ]

@@ -108,7 +108,7 @@ def fake_probe(true_ceiling: int, crash_at: int | None = None, calls: list | Non
         outcome = "crashed" if plan.batch_size == crash_at else ("ok" if plan.batch_size <= limit else "oom")
         result = CellResult(
             stack=plan.stack, regime=plan.regime, batch_size=plan.batch_size, variant=plan.variant, card=plan.card,
-            allocator=plan.allocator, steps=plan.steps, seed=plan.seed, outcome=outcome,
+            allocator=plan.allocator, steps=plan.steps, seed=plan.seed, preset=plan.preset, outcome=outcome,
             oom_message="CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0" if outcome == "oom" else None,
             oom_where="maxsim" if outcome == "oom" else None,
             pre_oom_alloc_mib=plan.batch_size * 100.0 if outcome == "oom" else None,
@@ -147,7 +147,7 @@ def test_a_search_runs_its_probes_lazily_and_resumes_from_its_results(tmp_path, 
     assert report.probe_headline(tmp_path, "pylate", "grad-checkpoint", 704, "vanilla", "h100-80gb") == (
         "runs out of memory in the MaxSim op after 1 of 8 steps (Tried to allocate 2.00 GiB; 68.75 GiB allocated, 75.62 GiB reserved)")
     assert report.probe_headline(tmp_path, "pylate", "grad-checkpoint", 672, "vanilla", "h100-80gb") == (
-        "trains all 8 steps for each of 2 seeds (peak 65.62 GiB allocated, 72.19 GiB reserved)")
+        "trains all 8 steps for each of the 2 seeds run (peak 65.62 GiB allocated, 72.19 GiB reserved)")
     assert report.probe_headline(tmp_path, "pylate", "plain", 672, "vanilla", "h100-80gb") == "not probed yet"
     table = report.ceiling_grid(report.ceilings(tmp_path, grid))
     assert table.loc[("pylate", "grad-checkpoint", "vanilla"), "80 GB (78.43 GiB)"] == "672"
@@ -189,3 +189,25 @@ def test_an_unfinished_search_reads_as_its_bracket():
     assert report.ceiling_text(row | {"fails": None}) == "≥ 256, searching"
     assert report.ceiling_text(row | {"probes": 0}) == "not run"
     assert report._card_label("native") == "141 GB (whole device)"
+
+
+def test_a_result_run_with_other_settings_is_not_taken_for_a_probe(tmp_path, monkeypatch):
+    monkeypatch.setattr(ceiling, "run_one", fake_probe(700))
+    s = search(limit=256)
+    ceiling.run_search(s, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    edited = s.model_copy(update={"steps": 12})  # the grid changed since: its probes must run again
+    with pytest.raises(ceiling.ProbeMismatch, match="steps, preset, card, allocator"):
+        ceiling.search_state(edited, tmp_path)
+    (stopped,) = ceiling.run_searches([edited], tmp_path, tmp_path / "cells", echo=lambda line: None)
+    assert stopped.stopped.startswith("ProbeMismatch")  # reported, and the other searches go on
+    assert ceiling.main([str(ROOT / "grids" / "ceilings.yaml"), "--match", "no-such-search*"]) == 2
+
+
+def test_a_crashed_probe_runs_again_once_with_rerun_crashed(tmp_path, monkeypatch):
+    monkeypatch.setattr(ceiling, "run_one", fake_probe(700, crash_at=512))
+    s = search(limit=1024)
+    assert ceiling.run_search(s, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None).stopped
+    calls: list = []
+    monkeypatch.setattr(ceiling, "run_one", fake_probe(700, calls=calls))  # the crash was transient
+    result = ceiling.run_search(s, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None, rerun_crashed=True)
+    assert calls[0] == (512, 42) and (result.fits, result.fails) == (672, 704)

@@ -75,13 +75,18 @@ def test_cells_run_concurrently_one_per_gpu(tmp_path, dying_notebook):
     assert sum(line.strip().startswith("start") for line in lines[:first_finish]) == 2  # both running at once
 
 
-def test_two_cells_per_gpu_start_together_and_measure_one_at_a_time(tmp_path, dying_notebook):
+def test_two_cells_per_gpu_start_together_and_measure_one_at_a_time(tmp_path, dying_notebook, monkeypatch):
+    monkeypatch.setattr(sweep, "gate_path", lambda gpu: tmp_path / f"gpu-{gpu}.lock")
     plans = sweep.load_grid(write_grid(tmp_path, dying_notebook, [2, 4], name="gated"))
     lines = []
     runs = sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", gpus=["7"], cells_per_gpu=2, echo=lines.append)
     assert sorted((r.plan.batch_size, r.outcome, r.slot) for r in runs) == [(2, "ok", "7"), (4, "ok", "7")]
     first_finish = next(i for i, line in enumerate(lines) if line.startswith("[1/2]"))
     assert sum(line.strip().startswith("start") for line in lines[:first_finish]) == 2
+    # both started at once, so one of them waited for the other's whole process to end
+    waits = sorted(load_result(p.result_path(tmp_path / "results")).gpu_wait_sec for p in plans)
+    assert waits[0] < 0.5 < waits[1]
+    monkeypatch.undo()
     assert sweep.gate_path("7").name == "maxsim-gpu-7.lock"
     with pytest.raises(ValueError, match="at least 1"):
         sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", cells_per_gpu=0)
