@@ -523,6 +523,29 @@ def ceiling_details(searches: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def binding_reading(searches: pd.DataFrame, allocator: str = "default") -> list[str]:
+    """Per stack, regime and card with finished searches: each backend's ceiling and where the batch
+    above it failed — in the MaxSim op (vanilla's B² grid binds) or outside it (the encoder binds) —
+    and how far the largest fused ceiling goes beyond vanilla's."""
+    if searches.empty:
+        return []
+    done = searches[(searches["allocator"] == allocator) & searches["done"] & searches["fits"].notna()]
+    lines = []
+    for (stack, regime, card), group in done.groupby(["stack", "regime", "card"], sort=False):
+        parts = []
+        for _, row in group.iterrows():
+            where = {"maxsim": "fails in the MaxSim op", "elsewhere": "fails outside the op"}.get(row["fails where"], "")
+            parts.append(f"{row['backend']} {ceiling_text(row)}" + (f" (the next batch {where})" if where else ""))
+        text = f"{stack} · {regime} on {_card_label(card)}: " + "; ".join(parts)
+        vanilla = group[group["backend"] == "vanilla"]
+        fused = group[group["backend"].isin(["lik", "flash"])]
+        if not vanilla.empty and not fused.empty:
+            ratio = fused["fits"].max() / vanilla["fits"].iloc[0]
+            text += f" — the fused kernels train {ratio:.2f}× vanilla's batch"
+        lines.append(text + ".")
+    return lines
+
+
 def plot_ceiling_bars(searches: pd.DataFrame, title: str):  # type: ignore[no-untyped-def]
     """Ceiling per card and backend (default allocator); a whisker up to the first batch that failed."""
     figure, axis = plt.subplots(figsize=(7, 4.2))

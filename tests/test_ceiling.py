@@ -149,6 +149,8 @@ def test_a_search_runs_its_probes_lazily_and_resumes_from_its_results(tmp_path, 
     assert report.probe_headline(tmp_path, "pylate", "grad-checkpoint", 672, "vanilla", "h100-80gb") == (
         "trains all 8 steps for each of the 2 seeds run (peak 65.62 GiB allocated, 72.19 GiB reserved)")
     assert report.probe_headline(tmp_path, "pylate", "plain", 672, "vanilla", "h100-80gb") == "not probed yet"
+    assert report.binding_reading(report.ceilings(tmp_path, grid)) == [
+        "pylate · grad-checkpoint on 80 GB (78.43 GiB): vanilla 672 (the next batch fails in the MaxSim op)."]
     table = report.ceiling_grid(report.ceilings(tmp_path, grid))
     assert table.loc[("pylate", "grad-checkpoint", "vanilla"), "80 GB (78.43 GiB)"] == "672"
 
@@ -211,3 +213,16 @@ def test_a_crashed_probe_runs_again_once_with_rerun_crashed(tmp_path, monkeypatc
     monkeypatch.setattr(ceiling, "run_one", fake_probe(700, calls=calls))  # the crash was transient
     result = ceiling.run_search(s, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None, rerun_crashed=True)
     assert calls[0] == (512, 42) and (result.fits, result.fails) == (672, 704)
+
+
+def test_the_reading_compares_the_fused_ceiling_with_vanillas(tmp_path, monkeypatch):
+    vanilla, fused = search(limit=2048), search(variant="lik", limit=2048)
+    monkeypatch.setattr(ceiling, "run_one", fake_probe(700))
+    ceiling.run_search(vanilla, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    monkeypatch.setattr(ceiling, "run_one", fake_probe(1400))
+    ceiling.run_search(fused, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"name": "ceilings", "searches": [s.model_dump(exclude={"grid"}) for s in (vanilla, fused)]}))
+    (line,) = report.binding_reading(report.ceilings(tmp_path, grid))
+    assert line.startswith("pylate · grad-checkpoint on 80 GB (78.43 GiB): vanilla 672 (the next batch fails in the MaxSim op); lik 1376")
+    assert line.endswith("the fused kernels train 2.05× vanilla's batch.")
