@@ -10,6 +10,7 @@ into the cell process's environment and every result records what its process ac
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
@@ -30,6 +31,11 @@ def name_of(conf: str | None) -> str:
         if value == conf.strip():
             return name
     return conf.strip()
+
+
+def current() -> str:
+    """The regime this process runs with, from its environment."""
+    return name_of(os.environ.get(VARIABLE))
 
 
 def environment_for(name: str, base: Mapping[str, str]) -> dict[str, str]:

@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
-import itertools
-import queue
 import sys
 import threading
 import time
@@ -33,11 +31,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.results import load_result
-from harness.sweep import ROOT, CellPlan, GridError, check_plan, gate_path, run_one, status, visible_gpus
+from harness.sweep import (
+    ROOT, CellPlan, GridError, check_plan, expand, positive_int, read_grid, repeats, run_on_gpus, run_one, status,
+    visible_gpus,
+)  # fmt: skip
 
 MIN_STEPS = 8
 SEARCH_FIELDS = ("stack", "regime", "variant", "score_mini_batch_size", "card", "allocator")
@@ -81,9 +81,7 @@ class CeilingSearch(BaseModel):
     @property
     def search_id(self) -> str:
         """Its probes' cell id without batch size and seed: ``pylate-grad-checkpoint-lik-a100-40gb``."""
-        chunk = f"-chunk{self.score_mini_batch_size}" if self.score_mini_batch_size else ""
-        allocator = f"-{self.allocator}" if self.allocator != "default" else ""
-        return f"{self.stack}-{self.regime}-{self.variant}{chunk}-{self.card}{allocator}"
+        return f"{self.stack}-{self.regime}-{self.probe(self.start, self.seeds[0]).setting_id}"
 
     def probe(self, batch_size: int, seed: int) -> CellPlan:
         fields = {name: getattr(self, name) for name in CellPlan.model_fields if name in type(self).model_fields}
@@ -108,35 +106,30 @@ def walk(search: CeilingSearch, decide: Callable[[int], bool | None]) -> Ceiling
     """Walk the bracket-and-bisect search; ``decide(batch)`` says whether a batch fits (None:
     undecided yet — the walk stops there and names it as the next batch to run)."""
     ceiling = Ceiling()
-    batch = search.start
-    while True:  # bracket: double up from start, or halve down when start already fails
+    batch: int | None = search.start
+    while batch is not None:
         verdict = decide(batch)
         if verdict is None:
             ceiling.next_batch = batch
             return ceiling
         if verdict:
             ceiling.fits = batch
-            if ceiling.fails is not None or batch >= search.limit:
-                break
-            batch = min(batch * 2, search.limit)
         else:
             ceiling.fails = batch
-            if ceiling.fits is not None or batch <= search.resolution:
-                break
-            batch = max(search.resolution, batch // 2 // search.resolution * search.resolution)
-    if ceiling.fits is None or ceiling.fails is None:
-        return ceiling
-    while ceiling.fails - ceiling.fits > search.resolution:  # bisect on multiples of the resolution
-        middle = ceiling.fits + (ceiling.fails - ceiling.fits) // (2 * search.resolution) * search.resolution
-        verdict = decide(middle)
-        if verdict is None:
-            ceiling.next_batch = middle
-            return ceiling
-        if verdict:
-            ceiling.fits = middle
-        else:
-            ceiling.fails = middle
+        batch = _next_batch(search, ceiling)
     return ceiling
+
+
+def _next_batch(search: CeilingSearch, ceiling: Ceiling) -> int | None:
+    """Double while everything fits, halve while everything fails, then bisect between the two on
+    multiples of the resolution; None once the search is decided."""
+    fits, fails, step = ceiling.fits, ceiling.fails, search.resolution
+    if fits is not None and fails is not None:
+        return None if fails - fits <= step else fits + (fails - fits) // (2 * step) * step
+    if fits is not None:
+        return None if fits >= search.limit else min(fits * 2, search.limit)
+    assert fails is not None
+    return None if fails <= step else max(step, fails // 2 // step * step)
 
 
 def plan_search(search: CeilingSearch, screen: Callable[[int], bool | None], confirm: Callable[[int], bool | None]) -> Ceiling:
@@ -245,20 +238,10 @@ def describe(search: CeilingSearch, ceiling: Ceiling) -> str:
 
 def load_searches(path: str | Path, match: Sequence[str] = ()) -> list[CeilingSearch]:
     """Expand and validate a ceiling grid (``defaults`` + ``searches``); raise GridError naming every problem."""
-    path = Path(path)
-    try:
-        document = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise GridError(f"cannot read ceiling grid {path}: {error}") from None
-    if not isinstance(document, dict) or not isinstance(document.get("searches"), list):
-        raise GridError(f"ceiling grid {path} needs a `searches` list (and optional `name`, `defaults`).")
-    defaults = document.get("defaults") or {}
+    name, defaults, entries = read_grid(path, "searches")
     searches, problems = [], []
-    for index, entry in enumerate(document["searches"]):
-        merged = {**defaults, **(entry or {}), "grid": document.get("name", path.stem)}
-        lists = {key: value for key, value in merged.items() if key in EXPANDABLE and isinstance(value, list)}
-        for combination in itertools.product(*lists.values()):
-            fields = merged | dict(zip(lists, combination))
+    for index, entry in enumerate(entries):
+        for fields in expand({**defaults, **(entry or {}), "grid": name}, EXPANDABLE):
             try:
                 search = CeilingSearch(**fields)
                 check_plan(search.probe(search.start, search.seeds[0]))
@@ -267,8 +250,7 @@ def load_searches(path: str | Path, match: Sequence[str] = ()) -> list[CeilingSe
                 problems.append(f"searches[{index}] ({described}): {error}")
                 continue
             searches.append(search)
-    ids = [s.search_id for s in searches]
-    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    repeated = repeats([s.search_id for s in searches])
     if repeated:
         problems.append(f"searches repeat: {', '.join(repeated)}")
     if problems:
@@ -290,11 +272,6 @@ def run_searches(
     """Run searches side by side: ``cells_per_gpu`` searches per GPU (one without GPUs); a search's
     own probes run in order, since each decides the next. Returns one Ceiling per search, in order;
     a search that raised is returned stopped, with the error, and the others go on."""
-    if cells_per_gpu < 1:
-        raise ValueError(f"cells_per_gpu must be at least 1, got {cells_per_gpu}")
-    work: queue.Queue[int] = queue.Queue()
-    for index in range(len(searches)):
-        work.put(index)
     ceilings: list[Ceiling | None] = [None] * len(searches)
     lock = threading.Lock()
     started = time.perf_counter()
@@ -303,24 +280,14 @@ def run_searches(
         with lock:
             echo(line)
 
-    def worker(slot: str | None, gate: Path | None) -> None:
-        while True:
-            try:
-                index = work.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                ceilings[index] = run_search(searches[index], results_dir, notebooks_dir, slot, gate, say, rerun_crashed)
-            except Exception as error:  # noqa: BLE001 — one broken search must not silently end the others
-                ceilings[index] = Ceiling(stopped=f"{type(error).__name__}: {error}")
-            say(f"[{time.perf_counter() - started:.0f}s] {describe(searches[index], ceilings[index])}")
+    def run(index: int, slot: str | None, gate: Path) -> None:
+        try:
+            ceilings[index] = run_search(searches[index], results_dir, notebooks_dir, slot, gate, say, rerun_crashed)
+        except Exception as error:  # noqa: BLE001 — one broken search must not silently end the others
+            ceilings[index] = Ceiling(stopped=f"{type(error).__name__}: {error}")
+        say(f"[{time.perf_counter() - started:.0f}s] {describe(searches[index], ceilings[index])}")
 
-    slots: list[str | None] = list(gpus) if gpus else [None]
-    threads = [threading.Thread(target=worker, args=(slot, gate_path(slot))) for slot in slots for _ in range(cells_per_gpu)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_on_gpus(len(searches), run, gpus, cells_per_gpu)
     return [ceiling or Ceiling(stopped="never started") for ceiling in ceilings]
 
 
@@ -328,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="harness-ceiling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("grid", type=Path)
     parser.add_argument("--gpus", help="run searches side by side, one GPU each: '0,1' or 'all'")
-    parser.add_argument("--cells-per-gpu", type=int, default=1, metavar="N",
+    parser.add_argument("--cells-per-gpu", type=positive_int, default=1, metavar="N",
                         help="N searches per GPU, their probes starting up together and measuring one at a time")  # fmt: skip
     parser.add_argument("--match", action="append", default=[], metavar="GLOB", help="only searches whose id matches")
     parser.add_argument("--dry-run", action="store_true", help="say where each search stands, run nothing")
@@ -343,9 +310,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if not searches:
         print(f"no search of {args.grid} matches {' or '.join(args.match)}", file=sys.stderr)
-        return 2
-    if args.cells_per_gpu < 1:
-        print(f"--cells-per-gpu must be at least 1, got {args.cells_per_gpu}", file=sys.stderr)
         return 2
     if args.dry_run:
         for search in searches:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import os
 import sys
 import tempfile
 import time
@@ -185,7 +184,7 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
         variant=params.variant,
         score_mini_batch_size=params.score_mini_batch_size,
         card=params.card,
-        allocator=allocator.name_of(os.environ.get(allocator.VARIABLE)),
+        allocator=allocator.current(),
         steps=params.steps,
         seed=params.seed,
         preset=params.preset,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import statistics
 import time
 from collections.abc import Mapping
@@ -254,7 +253,7 @@ def run_op_cell(params: OpCellParams) -> CellResult:
     median = statistics.median(times) if times else None
     result = CellResult(
         stack=params.stack, regime=params.head, batch_size=params.batch_size, variant=params.variant,
-        negatives=params.negatives, card="native", allocator=allocator.name_of(os.environ.get(allocator.VARIABLE)), steps=params.reps, seed=params.seed, preset="op",
+        negatives=params.negatives, card="native", allocator=allocator.current(), steps=params.reps, seed=params.seed, preset="op",
         outcome=outcome, oom_message=oom_message, oom_where="maxsim" if outcome == "oom" else None,
         step_peak_alloc_mib=to_mib(ledger.peak_allocated_bytes), step_peak_reserved_mib=to_mib(ledger.peak_reserved_bytes),
         step_times_sec=times, steady_steps=list(range(len(times))), steady_step_time_sec=median,

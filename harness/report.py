@@ -66,6 +66,13 @@ def backend_label(variant: str, chunk: float | None) -> str:
 CEILINGS_GRID = Path(__file__).resolve().parent.parent / "grids" / "ceilings.yaml"
 
 
+def with_backend(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add the ``backend`` column (variant, or 'vanilla + chunk N') to a results frame, in place."""
+    if not frame.empty:
+        frame["backend"] = [backend_label(v, c) for v, c in zip(frame["variant"], frame["score_mini_batch_size"])]
+    return frame
+
+
 def load(results_dir: Path | None = None, leave_out: tuple[str, ...] = ("ceilings",)) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cells, isolated calls) with a ``backend`` column, from every grid folder of the results
     directory but ``leave_out``: ceiling probes have their own page."""
@@ -74,8 +81,7 @@ def load(results_dir: Path | None = None, leave_out: tuple[str, ...] = ("ceiling
     cells = load_results(sources)
     calls = load_results(sources, level="calls")
     for frame in (cells, calls):
-        if not frame.empty:
-            frame["backend"] = [backend_label(v, c) for v, c in zip(frame["variant"], frame["score_mini_batch_size"])]
+        with_backend(frame)
     if not calls.empty:
         calls = calls[calls["kind"] == "isolated"]
     return cells, calls
@@ -321,8 +327,7 @@ def probe_headline(results_dir: Path | None, stack: str, regime: str, batch: int
     root = Path(results_dir or default_results_dir())
     if not (root / "ceilings").exists():
         return "not probed yet"
-    probes = load_results(root / "ceilings")
-    probes["backend"] = [backend_label(v, c) for v, c in zip(probes["variant"], probes["score_mini_batch_size"])]
+    probes = with_backend(load_results(root / "ceilings"))
     chosen = probes[(probes["stack"] == stack) & (probes["regime"] == regime) & (probes["batch_size"] == batch)
                     & (probes["backend"] == backend) & (probes["card"] == card) & (probes["allocator"] == allocator)]  # fmt: skip
     if chosen.empty:

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +71,19 @@ class CellPlan(BaseModel):
     kernel: str | None = None  # default: the stack's kernel
 
     @property
-    def cell_id(self) -> str:
+    def setting_id(self) -> str:
+        """Backend, card and allocator: ``vanilla-chunk64-h100-80gb``, ``lik-native-expandable``."""
         chunk = f"-chunk{self.score_mini_batch_size}" if self.score_mini_batch_size else ""
-        negatives = f"-n{self.negatives}" if self.negatives else ""
         # the allocator and seed name a cell only where they differ from the defaults, so the ids
         # of cells run before those dimensions existed stay what they were
         allocator = f"-{self.allocator}" if self.allocator != "default" else ""
+        return f"{self.variant}{chunk}-{self.card}{allocator}"
+
+    @property
+    def cell_id(self) -> str:
+        negatives = f"-n{self.negatives}" if self.negatives else ""
         seed = f"-s{self.seed}" if self.seed != DEFAULT_SEED else ""
-        return f"{self.stack}-{self.regime}-b{self.batch_size}{negatives}-{self.variant}{chunk}-{self.card}{allocator}{seed}"
+        return f"{self.stack}-{self.regime}-b{self.batch_size}{negatives}-{self.setting_id}{seed}"
 
     @property
     def title(self) -> str:
@@ -115,26 +120,39 @@ class CellPlan(BaseModel):
         return parameters
 
 
-def load_grid(path: str | os.PathLike[str], stacks: Sequence[str] | None = None) -> list[CellPlan]:
-    """Expand and validate a grid file (only ``stacks``' cells, if given); raise :class:`GridError`
-    naming every problem."""
+def read_grid(path: str | os.PathLike[str], key: str) -> tuple[str, dict[str, Any], list[Any]]:
+    """A grid file's (name, defaults, entries under ``key``); :class:`GridError` if it cannot be read."""
     path = Path(path)
     try:
         document = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as error:
         raise GridError(f"cannot read grid {path}: {error}") from None
-    if not isinstance(document, dict) or not isinstance(document.get("cells"), list):
-        raise GridError(f"grid {path} needs a `cells` list (and optional `name`, `defaults`).")
-    name = document.get("name", path.stem)
-    defaults = document.get("defaults") or {}
+    if not isinstance(document, dict) or not isinstance(document.get(key), list):
+        raise GridError(f"grid {path} needs a `{key}` list (and optional `name`, `defaults`).")
+    return document.get("name", path.stem), document.get("defaults") or {}, document[key]
+
+
+def expand(fields: Mapping[str, Any], expandable: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """Every combination of ``fields``' list-valued ``expandable`` keys, one dict each (a product)."""
+    lists = {key: value for key, value in fields.items() if key in expandable and isinstance(value, list)}
+    for combination in itertools.product(*lists.values()):
+        yield {**fields, **dict(zip(lists, combination))}
+
+
+def repeats(ids: Sequence[str]) -> list[str]:
+    return sorted({i for i in ids if ids.count(i) > 1})
+
+
+def load_grid(path: str | os.PathLike[str], stacks: Sequence[str] | None = None) -> list[CellPlan]:
+    """Expand and validate a grid file (only ``stacks``' cells, if given); raise :class:`GridError`
+    naming every problem."""
+    name, defaults, entries = read_grid(path, "cells")
     plans, problems = [], []
-    for index, entry in enumerate(document["cells"]):
-        merged = {**defaults, **(entry or {})}
+    for index, entry in enumerate(entries):
+        merged = {**defaults, **(entry or {}), "grid": name}
         if stacks and merged.get("stack") not in stacks:
             continue
-        lists = {key: value for key, value in merged.items() if key in EXPANDABLE and isinstance(value, list)}
-        for combination in itertools.product(*lists.values()):
-            fields = {**merged, **dict(zip(lists, combination)), "grid": name}
+        for fields in expand(merged, EXPANDABLE):
             try:
                 plan = CellPlan(**fields)
                 check_plan(plan)
@@ -143,8 +161,7 @@ def load_grid(path: str | os.PathLike[str], stacks: Sequence[str] | None = None)
                 problems.append(f"cells[{index}] ({described}): {error}")
                 continue
             plans.append(plan)
-    ids = [p.cell_id for p in plans]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    duplicates = repeats([p.cell_id for p in plans])
     if duplicates:
         problems.append(f"cells repeat: {', '.join(duplicates)}")
     if problems:
@@ -282,46 +299,63 @@ def run_sweep(
 ) -> list[CellRun]:
     """Run every cell that needs it: one worker per GPU (or one without GPUs), or ``cells_per_gpu``
     workers per GPU whose cells start up together but measure one at a time (:mod:`harness.gpu_gate`)."""
-    if cells_per_gpu < 1:
-        raise ValueError(f"cells_per_gpu must be at least 1, got {cells_per_gpu}")
     todo = [p for p in plans if status(p, results_dir) == "missing" or (rerun_crashed and status(p, results_dir) == "crashed")]
     skipped = len(plans) - len(todo)
     echo(f"{len(plans)} cells in the grid: {skipped} already have a result, {len(todo)} to run"
          + (f" on GPUs {', '.join(gpus)}" if gpus else " one after another"))  # fmt: skip
-    work: queue.Queue[CellPlan] = queue.Queue()
-    for plan in todo:
-        work.put(plan)
     runs: list[CellRun] = []
     lock = threading.Lock()
     started = time.perf_counter()
 
-    def worker(slot: str | None, gate: Path | None) -> None:
+    def run(index: int, slot: str | None, gate: Path) -> None:
+        plan = todo[index]
+        with lock:
+            echo(f"  start {plan.cell_id}" + (f" on GPU {slot}" if slot is not None else ""))
+        cell = run_one(plan, results_dir, notebooks_dir, slot, gate)
+        with lock:
+            runs.append(cell)
+            elapsed = time.perf_counter() - started
+            echo(f"[{len(runs)}/{len(todo)}] {plan.cell_id}: {cell.outcome} in {cell.seconds:.0f}s"
+                 f" (elapsed {elapsed:.0f}s){' — ' + cell.detail if cell.detail else ''}")  # fmt: skip
+
+    run_on_gpus(len(todo), run, gpus, cells_per_gpu)
+    echo(summary(plans, results_dir, time.perf_counter() - started))
+    return runs
+
+
+def run_on_gpus(count: int, task: Callable[[int, str | None, Path], None], gpus: Sequence[str] | None,
+                cells_per_gpu: int = 1) -> None:  # fmt: skip
+    """Call ``task(index, gpu, gate)`` once for every index below ``count``, taken in order by
+    ``cells_per_gpu`` workers per GPU (without GPUs: that many workers on the default one). A GPU's
+    workers share its lock file (``gate``), so their cells measure one at a time."""
+    if cells_per_gpu < 1:
+        raise ValueError(f"cells_per_gpu must be at least 1, got {cells_per_gpu}")
+    work: queue.Queue[int] = queue.Queue()
+    for index in range(count):
+        work.put(index)
+
+    def worker(slot: str | None, gate: Path) -> None:
         while True:
             try:
-                plan = work.get_nowait()
+                index = work.get_nowait()
             except queue.Empty:
                 return
-            with lock:
-                echo(f"  start {plan.cell_id}" + (f" on GPU {slot}" if slot is not None else ""))
-            run = run_one(plan, results_dir, notebooks_dir, slot, gate)
-            with lock:
-                runs.append(run)
-                elapsed = time.perf_counter() - started
-                echo(f"[{len(runs)}/{len(todo)}] {plan.cell_id}: {run.outcome} in {run.seconds:.0f}s"
-                     f" (elapsed {elapsed:.0f}s){' — ' + run.detail if run.detail else ''}")  # fmt: skip
+            task(index, slot, gate)
 
     slots: list[str | None] = list(gpus) if gpus else [None]
-    threads = [
-        threading.Thread(target=worker, args=(slot, gate_path(slot)))
-        for slot in slots
-        for _ in range(cells_per_gpu)
-    ]
+    threads = [threading.Thread(target=worker, args=(slot, gate_path(slot))) for slot in slots for _ in range(cells_per_gpu)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    echo(summary(plans, results_dir, time.perf_counter() - started))
-    return runs
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def gate_path(gpu: str | None) -> Path:
@@ -369,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="harness-sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("grid", type=Path)
     parser.add_argument("--gpus", help="run one cell per GPU: '0,1' or 'all' (default: one after another)")
-    parser.add_argument("--cells-per-gpu", type=int, default=1, metavar="N",
+    parser.add_argument("--cells-per-gpu", type=positive_int, default=1, metavar="N",
                         help="start N cells per GPU: the next cell's imports overlap the running cell's "
                              "measurement, which still has the GPU alone (default 1)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="list the cells and their state, run nothing")
@@ -401,9 +435,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{status(plan, args.results_dir):8s} {plan.cell_id}")
         print(f"{len(plans)} cells")
         return 0
-    if args.cells_per_gpu < 1:
-        print(f"--cells-per-gpu must be at least 1, got {args.cells_per_gpu}", file=sys.stderr)
-        return 2
     run_sweep(plans, args.results_dir, args.notebooks_dir, visible_gpus(args.gpus) if args.gpus else None,
               args.rerun_crashed, cells_per_gpu=args.cells_per_gpu)  # fmt: skip
     return 0
