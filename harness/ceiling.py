@@ -8,8 +8,10 @@ where every other cell's go) of ``steps`` ≥ 8 real optimizer steps. A batch *f
 trains all its steps without running out of memory.
 
 The search runs on the first seed: it doubles from ``start`` until a batch does not fit (halving
-instead if ``start`` already does not), then bisects between the largest batch that fits and the
-smallest that does not, in multiples of ``resolution``, until they are ``resolution`` apart. The
+instead if ``start`` already does not) — or, given a ``step``, gallops from ``start`` by
+``step``, 2·``step``, 4·``step``… (a start that is already a good estimate brackets the ceiling in
+two probes) — then bisects between the largest batch that fits and the smallest that does not, in
+multiples of ``resolution``, until they are ``resolution`` apart. The
 batch it ends on is then run with every other seed; if one runs out of memory, that batch fails
 and the search goes on below it. Every decision is read back from
 the probes' result files, so a search stopped at any point resumes where it was, re-running
@@ -61,6 +63,7 @@ class CeilingSearch(BaseModel):
     start: int = Field(gt=0)
     limit: int = Field(gt=0)  # the largest batch probed: a search that reaches it reports "≥ limit"
     resolution: int = Field(gt=0)
+    step: int | None = Field(default=None, gt=0)  # the first step of a galloping bracket; None: double / halve
     preset: str = "full"
     device: str = "cuda"
     model_source: str | None = None
@@ -74,6 +77,8 @@ class CeilingSearch(BaseModel):
             raise ValueError(f"start {self.start} is above limit {self.limit}")
         if self.start % self.resolution or self.limit % self.resolution:
             raise ValueError(f"start {self.start} and limit {self.limit} must be multiples of resolution {self.resolution}")
+        if self.step is not None and self.step % self.resolution:
+            raise ValueError(f"step {self.step} must be a multiple of resolution {self.resolution}")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds repeat: {self.seeds}")
         return self
@@ -121,15 +126,22 @@ def walk(search: CeilingSearch, decide: Callable[[int], bool | None]) -> Ceiling
 
 
 def _next_batch(search: CeilingSearch, ceiling: Ceiling) -> int | None:
-    """Double while everything fits, halve while everything fails, then bisect between the two on
-    multiples of the resolution; None once the search is decided."""
-    fits, fails, step = ceiling.fits, ceiling.fails, search.resolution
+    """Bracket, then bisect between the two bounds on multiples of the resolution; None once the
+    search is decided. The bracket doubles while everything fits and halves while everything fails;
+    with a ``step`` it moves away from ``start`` by ``step``, then twice as far each time
+    (start, start + step, start + 2·step, start + 4·step, … and the same downwards)."""
+    fits, fails, resolution, step = ceiling.fits, ceiling.fails, search.resolution, search.step
     if fits is not None and fails is not None:
-        return None if fails - fits <= step else fits + (fails - fits) // (2 * step) * step
+        return None if fails - fits <= resolution else fits + (fails - fits) // (2 * resolution) * resolution
     if fits is not None:
-        return None if fits >= search.limit else min(fits * 2, search.limit)
+        if fits >= search.limit:
+            return None
+        return min(fits * 2 if step is None else fits + max(step, fits - search.start), search.limit)
     assert fails is not None
-    return None if fails <= step else max(step, fails // 2 // step * step)
+    if fails <= resolution:
+        return None
+    lower = fails // 2 if step is None else fails - max(step, search.start - fails)
+    return max(resolution, lower // resolution * resolution)
 
 
 def plan_search(search: CeilingSearch, screen: Callable[[int], bool | None], confirm: Callable[[int], bool | None]) -> Ceiling:

@@ -320,16 +320,30 @@ def headline(cells: pd.DataFrame, stack: str, regime: str, batch: int, backend: 
     return _our_text(row.iloc[0])
 
 
+def _probes(results_dir: Path | None, stack: str, regime: str, batch: int, backend: str, card: str,
+            allocator: str) -> pd.DataFrame:  # fmt: skip
+    """The committed ceiling probes of one batch (every seed run), sorted by seed."""
+    root = Path(results_dir or default_results_dir())
+    if not (root / "ceilings").exists():
+        return pd.DataFrame()
+    probes = with_backend(load_results(root / "ceilings"))
+    chosen = probes[(probes["stack"] == stack) & (probes["regime"] == regime) & (probes["batch_size"] == batch)
+                    & (probes["backend"] == backend) & (probes["card"] == card) & (probes["allocator"] == allocator)]  # fmt: skip
+    return chosen.sort_values("seed")
+
+
+def _oom_words(row: pd.Series) -> str:
+    where = "in the MaxSim op" if row["oom_where"] == "maxsim" else "outside the op"
+    return (f"runs out of memory {where} after {row['n_steps_done']} of {row['steps']} steps "
+            f"({failed_request(row['oom_message'])}; {row['pre_oom_alloc_mib'] * GIB_PER_MIB:.2f} GiB allocated, "
+            f"{row['pre_oom_reserved_mib'] * GIB_PER_MIB:.2f} GiB reserved)")  # fmt: skip
+
+
 def probe_headline(results_dir: Path | None, stack: str, regime: str, batch: int, backend: str, card: str,
                    allocator: str = "default") -> str:  # fmt: skip
     """The ceiling probes of one batch in words: every seed's 8 steps trained (with the peaks), or
     the first seed that ran out of memory, where, after how many steps and on what request."""
-    root = Path(results_dir or default_results_dir())
-    if not (root / "ceilings").exists():
-        return "not probed yet"
-    probes = with_backend(load_results(root / "ceilings"))
-    chosen = probes[(probes["stack"] == stack) & (probes["regime"] == regime) & (probes["batch_size"] == batch)
-                    & (probes["backend"] == backend) & (probes["card"] == card) & (probes["allocator"] == allocator)]  # fmt: skip
+    chosen = _probes(results_dir, stack, regime, batch, backend, card, allocator)
     if chosen.empty:
         return "not probed yet"
     failed = chosen[chosen["outcome"] == "oom"]
@@ -337,15 +351,28 @@ def probe_headline(results_dir: Path | None, stack: str, regime: str, batch: int
     if failed.empty and ok.empty:
         return f"crashed ({len(chosen)} probe{'s' if len(chosen) > 1 else ''}; see the cell notebooks)"
     if not failed.empty:
-        row = failed.iloc[0]
-        where = "in the MaxSim op" if row["oom_where"] == "maxsim" else "outside the op"
-        return (f"runs out of memory {where} after {row['n_steps_done']} of {row['steps']} steps "
-                f"({failed_request(row['oom_message'])}; {row['pre_oom_alloc_mib'] * GIB_PER_MIB:.2f} GiB allocated, "
-                f"{row['pre_oom_reserved_mib'] * GIB_PER_MIB:.2f} GiB reserved)")  # fmt: skip
+        return _oom_words(failed.iloc[0])
     seeds = f"each of the {len(ok)} seeds run" if len(ok) > 1 else "the one seed run so far"
     return (f"trains all {ok['steps'].max()} steps for {seeds} (peak "
             f"{ok['step_peak_alloc_mib'].max() * GIB_PER_MIB:.2f} GiB allocated, "
             f"{ok['step_peak_reserved_mib'].max() * GIB_PER_MIB:.2f} GiB reserved)")  # fmt: skip
+
+
+def probe_seeds(results_dir: Path | None, stack: str, regime: str, batch: int, backend: str, card: str,
+                allocator: str = "default") -> list[str]:  # fmt: skip
+    """Each seed's probe of one batch in words: 'seed 42 trains all 8 steps (…)', 'seed 43 runs out
+    of memory outside the op after 3 of 8 steps (…)'."""
+    lines = []
+    for _, row in _probes(results_dir, stack, regime, batch, backend, card, allocator).iterrows():
+        if row["outcome"] == "oom":
+            words = _oom_words(row)
+        elif row["outcome"] == "ok":
+            words = (f"trains all {row['steps']} steps (peak {row['step_peak_alloc_mib'] * GIB_PER_MIB:.2f} GiB "
+                     f"allocated, {row['step_peak_reserved_mib'] * GIB_PER_MIB:.2f} GiB reserved)")  # fmt: skip
+        else:
+            words = "crashed (see its cell notebook)"
+        lines.append(f"seed {row['seed']} {words}")
+    return lines
 
 
 def op_level(cells: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
@@ -476,9 +503,9 @@ def ceiling_text(row: pd.Series) -> str:
     if not row["done"]:
         fits, fails = (None if _missing(row[k]) else int(row[k]) for k in ("fits", "fails"))
         if fits and fails:
-            return f"{fits}–{fails - 1}, searching"
+            return f"{fits}–{fails - 1} (searching)"
         if fits or fails:
-            return f"≥ {fits}, searching" if fits else f"< {fails}, searching"
+            return f"≥ {fits} (searching)" if fits else f"< {fails} (searching)"
         return "searching"
     if _missing(row["fails"]):
         return f"≥ {int(row['fits'])}"
@@ -549,6 +576,48 @@ def binding_reading(searches: pd.DataFrame, allocator: str = "default") -> list[
             text += f" — the fused kernels train {ratio:.2f}× vanilla's batch"
         lines.append(text + ".")
     return lines
+
+
+def allocator_reading(searches: pd.DataFrame) -> list[str]:
+    """Per stack, regime, backend and card searched under both allocator settings: the two ceilings,
+    and reserved − allocated at each ceiling's step peak (the memory fragmentation kept from use)."""
+    ran = searches[searches["probes"] > 0] if not searches.empty else searches
+    lines = []
+    for (stack, regime, backend, card), group in ran.groupby(["stack", "regime", "backend", "card"], sort=False):
+        rows = {row["allocator"]: row for _, row in group.iterrows()}
+        if not {"default", "expandable"} <= rows.keys():
+            continue
+        default, expandable = rows["default"], rows["expandable"]
+        text = (f"{stack} · {regime}, {backend} on {_card_label(card)}: {ceiling_text(default)} with the default "
+                f"allocator, {ceiling_text(expandable)} with expandable segments")  # fmt: skip
+        if not (_missing(default["fragmentation GiB"]) or _missing(expandable["fragmentation GiB"])):
+            text += (f" (reserved − allocated at the ceiling: {default['fragmentation GiB']:.2f} → "
+                     f"{expandable['fragmentation GiB']:.2f} GiB)")  # fmt: skip
+        lines.append(text + ".")
+    return lines
+
+
+def ceiling_row(searches: pd.DataFrame, stack: str, regime: str, backend: str, card: str,
+                allocator: str = "default") -> pd.Series | None:  # fmt: skip
+    """One search's row of ``ceilings()``; None where the grid has no such search."""
+    if searches.empty:
+        return None
+    chosen = searches[(searches["stack"] == stack) & (searches["regime"] == regime) & (searches["backend"] == backend)
+                      & (searches["card"] == card) & (searches["allocator"] == allocator)]  # fmt: skip
+    return None if chosen.empty else chosen.iloc[0]
+
+
+def ceiling_of(searches: pd.DataFrame, stack: str, regime: str, backend: str, card: str, allocator: str = "default") -> str:
+    """One search's ceiling in words (``ceiling_text``), or 'not searched' where the grid has no such search."""
+    row = ceiling_row(searches, stack, regime, backend, card, allocator)
+    return "not searched" if row is None else ceiling_text(row)
+
+
+def settled_ceiling(row: pd.Series | None) -> int | None:
+    """The batch a finished search found to fit on every seed; None while it runs or found none."""
+    if row is None or not row["done"] or isinstance(row["stopped"], str) or _missing(row["fits"]):
+        return None
+    return int(row["fits"])
 
 
 def plot_ceiling_bars(searches: pd.DataFrame, title: str):  # type: ignore[no-untyped-def]

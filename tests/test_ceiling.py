@@ -48,6 +48,22 @@ def test_a_start_that_fails_halves_down_and_a_search_can_end_at_either_bound():
     assert (bottom.fits, bottom.fails, asked) == (None, 32, [64, 32])
 
 
+def test_a_step_gallops_from_a_good_start_and_brackets_in_two_probes():
+    result, asked = walk(search(start=640, step=64), 700)
+    assert asked == [640, 704, 672]  # one step up fails: one bisection to the resolution
+    assert (result.fits, result.fails, result.done) == (672, 704, True)
+    far, asked = walk(search(start=640, step=64), 1000)
+    assert asked == [640, 704, 768, 896, 1152, 1024, 960, 992]  # the step doubles while everything fits
+    assert (far.fits, far.fails) == (992, 1024)
+    low, asked = walk(search(start=640, step=64), 450)
+    assert asked == [640, 576, 512, 384, 448, 480]  # and the same downwards
+    assert (low.fits, low.fails) == (448, 480)
+    floor, asked = walk(search(start=128, step=64), 0)
+    assert (floor.fits, floor.fails, asked) == (None, 32, [128, 64, 32])
+    with pytest.raises(ValueError, match="step 48 must be a multiple of resolution 32"):
+        search(step=48)
+
+
 def test_the_ceiling_is_confirmed_on_every_seed_and_a_failing_seed_sends_the_search_below():
     per_seed = {42: 700, 43: 650, 44: 700}  # seed 43 meets longer queries: a lower ceiling
     failed: set[int] = set()
@@ -98,8 +114,9 @@ def test_the_committed_ceiling_grid_covers_every_card_backend_and_allocator():
     assert len({s.search_id for s in searches}) == len(searches) == 70
 
 
-def fake_probe(true_ceiling: int, crash_at: int | None = None, calls: list | None = None):
-    """A stand-in for the papermill run: writes the result an H100 with this true ceiling would give."""
+def fake_probe(true_ceiling: int, crash_at: int | None = None, calls: list | None = None, reserved: float = 110.0):
+    """A stand-in for the papermill run: writes the result an H100 with this true ceiling would give
+    (100 MiB allocated and ``reserved`` MiB reserved per sample at the step peak)."""
 
     def run_one(plan, results_dir, notebooks_dir, gpu, gate=None):
         if calls is not None:
@@ -112,11 +129,11 @@ def fake_probe(true_ceiling: int, crash_at: int | None = None, calls: list | Non
             oom_message="CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0" if outcome == "oom" else None,
             oom_where="maxsim" if outcome == "oom" else None,
             pre_oom_alloc_mib=plan.batch_size * 100.0 if outcome == "oom" else None,
-            pre_oom_reserved_mib=plan.batch_size * 110.0 if outcome == "oom" else None,
+            pre_oom_reserved_mib=plan.batch_size * reserved if outcome == "oom" else None,
             step_times_sec=[1.0] * (plan.steps if outcome == "ok" else 1),
-            step_peak_alloc_mib=plan.batch_size * 100.0, step_peak_reserved_mib=plan.batch_size * 110.0,
+            step_peak_alloc_mib=plan.batch_size * 100.0, step_peak_reserved_mib=plan.batch_size * reserved,
             step_peak_alloc_per_step_mib=[plan.batch_size * 100.0] * 2,
-            step_peak_reserved_per_step_mib=[plan.batch_size * 105.0, plan.batch_size * 110.0],
+            step_peak_reserved_per_step_mib=[plan.batch_size * (reserved - 5.0), plan.batch_size * reserved],
         )  # fmt: skip
         write_result(result, plan.result_path(results_dir))
         return CellRun(plan, outcome, 0.0, gpu or "-")
@@ -187,8 +204,8 @@ def test_a_real_probe_runs_as_a_cell_with_its_allocator_in_its_environment(tmp_p
 
 def test_an_unfinished_search_reads_as_its_bracket():
     row = {"stopped": None, "probes": 5, "done": False, "fits": 256, "fails": 512}
-    assert report.ceiling_text(row) == "256–511, searching"
-    assert report.ceiling_text(row | {"fails": None}) == "≥ 256, searching"
+    assert report.ceiling_text(row) == "256–511 (searching)"
+    assert report.ceiling_text(row | {"fails": None}) == "≥ 256 (searching)"
     assert report.ceiling_text(row | {"probes": 0}) == "not run"
     assert report._card_label("native") == "141 GB (whole device)"
 
@@ -226,3 +243,29 @@ def test_the_reading_compares_the_fused_ceiling_with_vanillas(tmp_path, monkeypa
     (line,) = report.binding_reading(report.ceilings(tmp_path, grid))
     assert line.startswith("pylate · grad-checkpoint on 80 GB (78.43 GiB): vanilla 672 (the next batch fails in the MaxSim op); lik 1376")
     assert line.endswith("the fused kernels train 2.05× vanilla's batch.")
+
+
+def test_the_allocator_reading_sets_each_ceiling_beside_its_fragmentation(tmp_path, monkeypatch):
+    default, expandable, alone = search(limit=2048), search(allocator="expandable", limit=2048), search(variant="lik", limit=2048)
+    monkeypatch.setattr(ceiling, "run_one", fake_probe(700, reserved=110.0))  # 10 MiB a sample reserved, unused
+    ceiling.run_search(default, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    monkeypatch.setattr(ceiling, "run_one", fake_probe(760, reserved=101.0))
+    ceiling.run_search(expandable, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"name": "ceilings", "searches": [s.model_dump(exclude={"grid"}) for s in (default, expandable, alone)]}))
+    searches = report.ceilings(tmp_path, grid)
+    (line,) = report.allocator_reading(searches)  # lik ran under one allocator only: no line
+    assert line == (
+        "pylate · grad-checkpoint, vanilla on 80 GB (78.43 GiB): 672 with the default allocator, 736 with expandable "
+        f"segments (reserved − allocated at the ceiling: {672 * 10 / 1024:.2f} → {736 * 1 / 1024:.2f} GiB).")
+    assert report.ceiling_of(searches, "pylate", "grad-checkpoint", "vanilla", "h100-80gb", "expandable") == "736"
+    assert report.ceiling_of(searches, "pylate", "grad-checkpoint", "lik", "h100-80gb") == "not run"
+    assert report.ceiling_of(searches, "pylate", "plain", "vanilla", "h100-80gb") == "not searched"
+    assert report.settled_ceiling(report.ceiling_row(searches, "pylate", "grad-checkpoint", "vanilla", "h100-80gb")) == 672
+    assert report.settled_ceiling(report.ceiling_row(searches, "pylate", "grad-checkpoint", "lik", "h100-80gb")) is None
+    assert report.settled_ceiling(None) is None
+    assert report.probe_seeds(tmp_path, "pylate", "grad-checkpoint", 672, "vanilla", "h100-80gb") == [
+        "seed 42 trains all 8 steps (peak 65.62 GiB allocated, 72.19 GiB reserved)",
+        "seed 43 trains all 8 steps (peak 65.62 GiB allocated, 72.19 GiB reserved)"]
+    assert report.probe_seeds(tmp_path, "pylate", "grad-checkpoint", 704, "vanilla", "h100-80gb") == [
+        "seed 42 runs out of memory in the MaxSim op after 1 of 8 steps (Tried to allocate 2.00 GiB; 68.75 GiB allocated, 75.62 GiB reserved)"]
