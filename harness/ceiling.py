@@ -11,11 +11,12 @@ The search runs on the first seed: it doubles from ``start`` until a batch does 
 instead if ``start`` already does not) — or, given a ``step``, gallops from ``start`` by
 ``step``, 2·``step``, 4·``step``… (a start that is already a good estimate brackets the ceiling in
 two probes) — then bisects between the largest batch that fits and the smallest that does not, in
-multiples of ``resolution``, until they are ``resolution`` apart. The
-batch it ends on is then run with every other seed; if one runs out of memory, that batch fails
-and the search goes on below it. Every decision is read back from
-the probes' result files, so a search stopped at any point resumes where it was, re-running
-nothing; a crashed probe stops its search (``--rerun-crashed`` runs it once more).
+multiples of ``resolution``, until they are ``resolution`` apart. The batch it ends on is then run
+with every other seed; if one runs out of memory, that batch fails and the search goes on below
+it. Every decision is read back from the probes' result files, so a search stopped at any point
+resumes where it was, re-running nothing; a crashed probe stops its search (``--rerun-crashed``
+runs it once more), and a probe off the search's walk (its start, step, resolution or limit edited
+after it ran) stops the search rather than being silently ignored.
 
     harness-ceiling grids/ceilings.yaml --dry-run
     harness-ceiling grids/ceilings.yaml --gpus 0,1 --cells-per-gpu 2
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
+import re
 import sys
 import threading
 import time
@@ -201,12 +203,27 @@ def batch_verdict(search: CeilingSearch, batch_size: int, results_dir: Path, see
     return True, None, None
 
 
+def probed_batches(search: CeilingSearch, results_dir: Path) -> set[int]:
+    """Every batch size with a result file of this search, for any of its seeds."""
+    folder = search.probe(search.start, search.seeds[0]).result_path(results_dir).parent
+    prefix = re.compile(rf"{re.escape(search.stack)}-{re.escape(search.regime)}-b(\d+)-")
+    batches = set()
+    for path in folder.glob("*.json"):
+        match = prefix.match(path.name)
+        if match and any(search.probe(int(match[1]), seed).result_path(results_dir) == path for seed in search.seeds):
+            batches.add(int(match[1]))
+    return batches
+
+
 def search_state(search: CeilingSearch, results_dir: Path, rerun_crashed: bool = False) -> tuple[Ceiling, CellPlan | None]:
-    """The search as far as its result files decide it, and the probe to run next (if any)."""
+    """The search as far as its result files decide it, and the probe to run next (if any). Raises
+    ProbeMismatch where a probe on disk lies off the walk: the search was edited after it ran."""
     pending: dict[str, Any] = {}
+    visited: set[int] = set()
 
     def decider(seeds: Sequence[int] | None) -> Callable[[int], bool | None]:
         def decide(batch_size: int) -> bool | None:
+            visited.add(batch_size)
             verdict, plan, crashed = batch_verdict(search, batch_size, results_dir, seeds, rerun_crashed)
             pending.update(plan=plan, crashed=crashed)
             return verdict
@@ -214,6 +231,17 @@ def search_state(search: CeilingSearch, results_dir: Path, rerun_crashed: bool =
         return decide
 
     ceiling = plan_search(search, decider(search.seeds[:1]), decider(None))
+    # A seed failing the confirmation drops the batches walked above it from the walk read back
+    # now; those all failed, above the bound. Any other probe off the walk means an edited search.
+    off_walk = sorted(
+        batch for batch in probed_batches(search, results_dir) - visited
+        if ceiling.fails is None or batch < ceiling.fails or batch_verdict(search, batch, results_dir)[0] is not False
+    )
+    if off_walk:
+        raise ProbeMismatch(
+            f"{search.search_id}: probes at B={off_walk} are not on this search's walk, so its start, step, "
+            f"resolution or limit changed after they ran; restore them, or move those results away."
+        )
     if pending.get("crashed"):
         ceiling.stopped = f"probe {pending['crashed']} crashed"
         return ceiling, None
@@ -324,10 +352,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no search of {args.grid} matches {' or '.join(args.match)}", file=sys.stderr)
         return 2
     if args.dry_run:
+        refused = 0
         for search in searches:
-            print(describe(search, search_state(search, args.results_dir)[0]))
+            try:
+                print(describe(search, search_state(search, args.results_dir)[0]))
+            except ProbeMismatch as error:
+                refused += 1
+                print(describe(search, Ceiling(stopped=str(error))), file=sys.stderr)
         print(f"{len(searches)} searches")
-        return 0
+        return 1 if refused else 0
     ceilings = run_searches(searches, args.results_dir, args.notebooks_dir, visible_gpus(args.gpus) if args.gpus else None,
                             args.cells_per_gpu, rerun_crashed=args.rerun_crashed)  # fmt: skip
     stopped = [describe(search, c) for search, c in zip(searches, ceilings) if c.stopped]

@@ -339,6 +339,11 @@ def _oom_words(row: pd.Series) -> str:
             f"{row['pre_oom_reserved_mib'] * GIB_PER_MIB:.2f} GiB reserved)")  # fmt: skip
 
 
+def _ok_words(steps: int, alloc_mib: float, reserved_mib: float, seeds: str = "") -> str:
+    return (f"trains all {steps} steps{seeds} (peak {alloc_mib * GIB_PER_MIB:.2f} GiB allocated, "
+            f"{reserved_mib * GIB_PER_MIB:.2f} GiB reserved)")  # fmt: skip
+
+
 def probe_headline(results_dir: Path | None, stack: str, regime: str, batch: int, backend: str, card: str,
                    allocator: str = "default") -> str:  # fmt: skip
     """The ceiling probes of one batch in words: every seed's 8 steps trained (with the peaks), or
@@ -353,9 +358,7 @@ def probe_headline(results_dir: Path | None, stack: str, regime: str, batch: int
     if not failed.empty:
         return _oom_words(failed.iloc[0])
     seeds = f"each of the {len(ok)} seeds run" if len(ok) > 1 else "the one seed run so far"
-    return (f"trains all {ok['steps'].max()} steps for {seeds} (peak "
-            f"{ok['step_peak_alloc_mib'].max() * GIB_PER_MIB:.2f} GiB allocated, "
-            f"{ok['step_peak_reserved_mib'].max() * GIB_PER_MIB:.2f} GiB reserved)")  # fmt: skip
+    return _ok_words(ok["steps"].max(), ok["step_peak_alloc_mib"].max(), ok["step_peak_reserved_mib"].max(), f" for {seeds}")
 
 
 def probe_seeds(results_dir: Path | None, stack: str, regime: str, batch: int, backend: str, card: str,
@@ -367,12 +370,30 @@ def probe_seeds(results_dir: Path | None, stack: str, regime: str, batch: int, b
         if row["outcome"] == "oom":
             words = _oom_words(row)
         elif row["outcome"] == "ok":
-            words = (f"trains all {row['steps']} steps (peak {row['step_peak_alloc_mib'] * GIB_PER_MIB:.2f} GiB "
-                     f"allocated, {row['step_peak_reserved_mib'] * GIB_PER_MIB:.2f} GiB reserved)")  # fmt: skip
+            words = _ok_words(row["steps"], row["step_peak_alloc_mib"], row["step_peak_reserved_mib"])
         else:
             words = "crashed (see its cell notebook)"
         lines.append(f"seed {row['seed']} {words}")
     return lines
+
+
+def seed_reading(results_dir: Path | None, stack: str, regime: str, batch: int, backend: str, card: str,
+                 allocator: str = "default") -> str:  # fmt: skip
+    """The ceiling probes of one batch as a paragraph: steps, cap and seeds run, each seed's outcome,
+    and — where one seed trained and another ran out of memory — that the draw decided it. Empty
+    where the batch was not probed."""
+    probes = _probes(results_dir, stack, regime, batch, backend, card, allocator)
+    if probes.empty:
+        return ""
+    cap = probes["memory_limit_mib"].max() * GIB_PER_MIB
+    under = "" if _missing(cap) else f" under a {cap:.2f} GiB cap"
+    seeds = len(probes)
+    text = (f"The ceiling search ran B={batch} for {probes['steps'].max()} steps{under}, "
+            f"with {seeds} seed{'s' if seeds > 1 else ''} (each seed draws other data and lengths): "
+            + "; ".join(probe_seeds(results_dir, stack, regime, batch, backend, card, allocator)) + ".")  # fmt: skip
+    if (probes["outcome"] == "ok").any() and (probes["outcome"] == "oom").any():
+        text += " Same batch, card and backend: whether it trains is decided by the draw."
+    return text
 
 
 def op_level(cells: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
@@ -479,7 +500,8 @@ def ceilings(results_dir: Path | None = None, grid: Path = CEILINGS_GRID) -> pd.
             "stack": search.stack, "regime": search.regime, "backend": backend_label(search.variant, search.score_mini_batch_size),
             "card": search.card, "allocator": search.allocator, "usable GiB": limit,
             "fits": ceiling.fits, "fails": ceiling.fails, "done": ceiling.done, "stopped": ceiling.stopped,
-            "limit": search.limit, "resolution": search.resolution, "seeds": len(search.seeds), "probes": len(mine),
+            "limit": search.limit, "resolution": search.resolution, "steps": search.steps, "seeds": len(search.seeds),
+            "probes": len(mine),
             "peak alloc GiB": at_fit["step_peak_alloc_mib"].max() * GIB_PER_MIB if not at_fit.empty else None,
             "peak reserved GiB": at_fit["step_peak_reserved_mib"].max() * GIB_PER_MIB if not at_fit.empty else None,
             "fragmentation GiB": at_fit["fragmentation_mib"].max() * GIB_PER_MIB if not at_fit.empty else None,
@@ -581,7 +603,9 @@ def binding_reading(searches: pd.DataFrame, allocator: str = "default") -> list[
 def allocator_reading(searches: pd.DataFrame) -> list[str]:
     """Per stack, regime, backend and card searched under both allocator settings: the two ceilings,
     and reserved − allocated at each ceiling's step peak (the memory fragmentation kept from use)."""
-    ran = searches[searches["probes"] > 0] if not searches.empty else searches
+    if searches.empty:
+        return []
+    ran = searches[searches["probes"] > 0]
     lines = []
     for (stack, regime, backend, card), group in ran.groupby(["stack", "regime", "backend", "card"], sort=False):
         rows = {row["allocator"]: row for _, row in group.iterrows()}
@@ -591,7 +615,8 @@ def allocator_reading(searches: pd.DataFrame) -> list[str]:
         text = (f"{stack} · {regime}, {backend} on {_card_label(card)}: {ceiling_text(default)} with the default "
                 f"allocator, {ceiling_text(expandable)} with expandable segments")  # fmt: skip
         if not (_missing(default["fragmentation GiB"]) or _missing(expandable["fragmentation GiB"])):
-            text += (f" (reserved − allocated at the ceiling: {default['fragmentation GiB']:.2f} → "
+            where = "the ceiling" if default["done"] and expandable["done"] else "the largest batch trained so far"
+            text += (f" (reserved − allocated at {where}: {default['fragmentation GiB']:.2f} → "
                      f"{expandable['fragmentation GiB']:.2f} GiB)")  # fmt: skip
         lines.append(text + ".")
     return lines
@@ -614,10 +639,36 @@ def ceiling_of(searches: pd.DataFrame, stack: str, regime: str, backend: str, ca
 
 
 def settled_ceiling(row: pd.Series | None) -> int | None:
-    """The batch a finished search found to fit on every seed; None while it runs or found none."""
+    """The batch a finished search found to fit on every seed (for a search that reached its limit,
+    a lower bound); None while it runs, once it stopped, or where nothing fit."""
     if row is None or not row["done"] or isinstance(row["stopped"], str) or _missing(row["fits"]):
         return None
     return int(row["fits"])
+
+
+def ceiling_gains(searches: pd.DataFrame, stack: str, regime: str, card: str, fused: str = "lik") -> str:
+    """How far the fused backend and, separately, expandable segments move vanilla's default-allocator
+    ceiling on one card, in words; a note that the comparison waits while any of the three searches
+    is unfinished."""
+    rows = {
+        "base": ceiling_row(searches, stack, regime, "vanilla", card),
+        "fused": ceiling_row(searches, stack, regime, fused, card),
+        "expandable": ceiling_row(searches, stack, regime, "vanilla", card, "expandable"),
+    }
+    settled = {name: settled_ceiling(row) for name, row in rows.items()}
+    if None in settled.values():
+        return "How far each choice moves the ceiling is stated once those searches have finished."
+
+    def change(name: str) -> str:
+        difference = settled[name] - settled["base"]
+        at_least = "at least " if _missing(rows[name]["fails"]) else ""
+        more = "more" if difference >= 0 else "fewer"
+        return f"{at_least}{abs(difference)} {more} ({ceiling_text(rows[name])} against {settled['base']})"
+
+    if _missing(rows["base"]["fails"]):
+        return f"Vanilla scoring reached the search's limit ({ceiling_text(rows['base'])}), so there is nothing to compare."
+    return (f"Against vanilla scoring under the default allocator, the fused kernel trains {change('fused')}; "
+            f"expandable segments, with vanilla scoring kept, {change('expandable')}.")
 
 
 def plot_ceiling_bars(searches: pd.DataFrame, title: str):  # type: ignore[no-untyped-def]

@@ -58,6 +58,8 @@ def test_a_step_gallops_from_a_good_start_and_brackets_in_two_probes():
     low, asked = walk(search(start=640, step=64), 450)
     assert asked == [640, 576, 512, 384, 448, 480]  # and the same downwards
     assert (low.fits, low.fails) == (448, 480)
+    top, asked = walk(search(start=640, step=64, limit=800), 10**6)
+    assert (top.fits, top.fails, asked) == (800, None, [640, 704, 768, 800])  # clamped to the limit, then over
     floor, asked = walk(search(start=128, step=64), 0)
     assert (floor.fits, floor.fails, asked) == (None, 32, [128, 64, 32])
     with pytest.raises(ValueError, match="step 48 must be a multiple of resolution 32"):
@@ -181,6 +183,29 @@ def test_a_seed_that_fails_at_the_candidate_is_read_back_from_disk(tmp_path, mon
     assert ceiling.search_state(search(limit=1024), tmp_path) == (result, None)
 
 
+def test_a_start_that_a_later_seed_fails_leaves_probes_off_the_walk_that_still_count(tmp_path, monkeypatch):
+    # seed 42 fits at the start, 672; seed 43 does not: the walk read back now goes down from the
+    # start and never meets the batches above it that seed 42 failed, which stay on disk
+    monkeypatch.setattr(ceiling, "run_one", fake_probe({42: 700, 43: 650}))
+    s = search(start=672, limit=2048)
+    result = ceiling.run_search(s, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    assert (result.fits, result.fails) == (640, 672)
+    assert sorted(ceiling.probed_batches(s, tmp_path)) == [320, 480, 576, 608, 640, 672, 704, 736, 832, 992, 1344]
+    assert ceiling.search_state(s, tmp_path) == (result, None)
+
+
+def test_a_search_edited_after_its_probes_ran_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(ceiling, "run_one", fake_probe(700))
+    ceiling.run_search(search(limit=1024), tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    edited = search(start=512, limit=1024)  # its walk no longer passes the probe at 256
+    with pytest.raises(ceiling.ProbeMismatch, match=r"probes at B=\[256\] are not on this search's walk"):
+        ceiling.search_state(edited, tmp_path)
+    assert ceiling.search_state(search(limit=1024, resolution=16), tmp_path)[0].next_batch == 688  # finer: goes on
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"name": "ceilings", "searches": [edited.model_dump(exclude={"grid"})]}))
+    assert ceiling.main([str(grid), "--dry-run", "--results-dir", str(tmp_path)]) == 1
+
+
 def test_a_crashed_probe_stops_its_search(tmp_path, monkeypatch):
     monkeypatch.setattr(ceiling, "run_one", fake_probe(700, crash_at=512))
     s = search()
@@ -269,3 +294,45 @@ def test_the_allocator_reading_sets_each_ceiling_beside_its_fragmentation(tmp_pa
         "seed 43 trains all 8 steps (peak 65.62 GiB allocated, 72.19 GiB reserved)"]
     assert report.probe_seeds(tmp_path, "pylate", "grad-checkpoint", 704, "vanilla", "h100-80gb") == [
         "seed 42 runs out of memory in the MaxSim op after 1 of 8 steps (Tried to allocate 2.00 GiB; 68.75 GiB allocated, 75.62 GiB reserved)"]
+
+
+def test_the_gains_over_vanilla_are_stated_only_for_finished_searches(tmp_path, monkeypatch):
+    vanilla, fused, expandable = search(limit=2048), search(variant="lik", limit=2048), search(allocator="expandable", limit=2048)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"name": "ceilings", "searches": [s.model_dump(exclude={"grid"}) for s in (vanilla, fused, expandable)]}))
+    for s, true_ceiling in ((vanilla, 700), (fused, 1400)):
+        monkeypatch.setattr(ceiling, "run_one", fake_probe(true_ceiling))
+        ceiling.run_search(s, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    waiting = report.ceiling_gains(report.ceilings(tmp_path, grid), "pylate", "grad-checkpoint", "h100-80gb")
+    assert waiting == "How far each choice moves the ceiling is stated once those searches have finished."
+    monkeypatch.setattr(ceiling, "run_one", fake_probe(600))
+    ceiling.run_search(expandable, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    assert report.ceiling_gains(report.ceilings(tmp_path, grid), "pylate", "grad-checkpoint", "h100-80gb") == (
+        "Against vanilla scoring under the default allocator, the fused kernel trains 704 more (1376 against 672); "
+        "expandable segments, with vanilla scoring kept, 96 fewer (576 against 672).")
+    capped = search(variant="lik", limit=1024)  # a fused search that stops at its limit: a lower bound
+    elsewhere = tmp_path / "capped"
+    for s, true_ceiling in ((vanilla, 700), (capped, 1400), (expandable, 600)):
+        monkeypatch.setattr(ceiling, "run_one", fake_probe(true_ceiling))
+        ceiling.run_search(s, elsewhere, tmp_path / "cells", None, None, echo=lambda line: None)
+    grid.write_text(yaml.safe_dump({"name": "ceilings", "searches": [s.model_dump(exclude={"grid"}) for s in (vanilla, capped, expandable)]}))
+    rows = report.ceilings(elsewhere, grid)
+    assert report.settled_ceiling(report.ceiling_row(rows, "pylate", "grad-checkpoint", "lik", "h100-80gb")) == 1024
+    assert "the fused kernel trains at least 352 more (≥ 1024 against 672)" in report.ceiling_gains(rows, "pylate", "grad-checkpoint", "h100-80gb")
+    with pytest.raises(ceiling.ProbeMismatch):  # the limit edited under the first folder's probes
+        report.ceilings(tmp_path, grid)
+    stopped = report.ceiling_row(rows, "pylate", "grad-checkpoint", "vanilla", "h100-80gb").copy()
+    stopped["stopped"] = "probe x crashed"
+    assert report.settled_ceiling(stopped) is None
+
+
+def test_each_seed_of_a_probed_batch_is_read_out(tmp_path, monkeypatch):
+    monkeypatch.setattr(ceiling, "run_one", fake_probe({42: 700, 43: 650}))
+    ceiling.run_search(search(limit=1024), tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    assert report.seed_reading(tmp_path, "pylate", "grad-checkpoint", 672, "vanilla", "h100-80gb") == (
+        "The ceiling search ran B=672 for 8 steps, with 2 seeds (each seed draws other data and lengths): "
+        "seed 42 trains all 8 steps (peak 65.62 GiB allocated, 72.19 GiB reserved); seed 43 runs out of memory in the "
+        "MaxSim op after 1 of 8 steps (Tried to allocate 2.00 GiB; 65.62 GiB allocated, 72.19 GiB reserved). "
+        "Same batch, card and backend: whether it trains is decided by the draw.")
+    assert report.seed_reading(tmp_path, "pylate", "grad-checkpoint", 640, "vanilla", "h100-80gb").endswith("reserved).")
+    assert report.seed_reading(tmp_path, "pylate", "grad-checkpoint", 999, "vanilla", "h100-80gb") == ""
