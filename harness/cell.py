@@ -22,7 +22,7 @@ import gc
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -137,9 +137,11 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
     stack = validate(params, stack)
     gpu_wait = gpu_gate.hold()  # under harness-sweep: wait for this GPU before creating a CUDA context
     started = time.perf_counter()
-    probe = probe_for(params.device)
-    device = probe.device  # with its index resolved (cuda -> cuda:0)
-    card_cap = cards.apply_card(cards.card(params.card), device)
+    phases: dict[str, float] = {}
+    with timed(phases, "device"):
+        probe = probe_for(params.device)
+        device = probe.device  # with its index resolved (cuda -> cuda:0)
+        card_cap = cards.apply_card(cards.card(params.card), device)
 
     ledger = PeakLedger(probe)
     recorder = OpRecorder(stack.op, params.variant, ledger)
@@ -156,11 +158,12 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
                 for counter in counters.values():
                     active.enter_context(counter.active())
                 active.enter_context(watch.active())
-                built = stack.build(params, device)
+                with timed(phases, "build"):
+                    built = stack.build(params, device)
                 samples_per_step = built.samples_per_step
                 model_source, data_source = built.model_source, built.data_source
                 built.trainer.add_callback(timer)
-                with recorder.installed(built.call_site_owner, built.call_site_attribute):
+                with recorder.installed(built.call_site_owner, built.call_site_attribute), timed(phases, "train"):
                     built.trainer.train()
         except torch.OutOfMemoryError as error:
             outcome, oom_message = "oom", first_line(error)
@@ -170,7 +173,8 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
         ledger.fold()
         built = None
         gc.collect()
-        isolated = replay_shapes(stack.op, recorder.shapes, params.variant, probe, seed=params.seed)
+        with timed(phases, "replay"):
+            isolated = replay_shapes(stack.op, recorder.shapes, params.variant, probe, seed=params.seed)
 
     entry_point_calls = counters[params.variant].calls if params.variant in counters else None
     check_backend_ran(params.variant, counters, sum(not call.oom_in_forward for call in recorder.calls))
@@ -207,9 +211,20 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
         maxsim_calls_isolated=isolated,
         env=environment.collect(device, params.card, card_cap, params.seed, model_source, data_source),
         wall_sec=time.perf_counter() - started,
+        phase_sec=phases,
     )
     write_result(result, params.output)
     return result
+
+
+@contextlib.contextmanager
+def timed(phases: dict[str, float], name: str) -> Iterator[None]:
+    """Add the seconds the block took to ``phases[name]``, also when it raises (an OOM in train)."""
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - began
 
 
 def countable_backends(library: str) -> list[str]:

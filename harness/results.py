@@ -117,6 +117,9 @@ class CellResult(_Record):
     env: Environment | None = None
     wall_sec: float | None = None
     gpu_wait_sec: float | None = None  # under harness-sweep's GPU lock: how long the cell waited for its GPU
+    # where wall_sec went: "device" (context, card cap), "build" (model, data, trainer), "train"
+    # (every step, up to an OOM), "replay" (the isolated replays)
+    phase_sec: dict[str, float] = Field(default_factory=dict)
 
 
     @model_validator(mode="after")

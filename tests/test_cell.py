@@ -42,6 +42,11 @@ def test_a_cell_trains_records_every_call_and_replays_its_shape(tmp_path):
     assert all(peak * MIB >= grid for peak in per_step) and max(per_step) <= result.step_peak_alloc_mib
     assert result.step_peak_reserved_per_step_mib == per_step  # CPU: reserved is allocated
     assert result.env.seed == 42 and result.env.packages["torch"] and result.env.model_source == "toy:random"
+    # where the wall time went, phase by phase, within it
+    assert set(result.phase_sec) == {"device", "build", "train", "replay"}
+    assert all(seconds > 0 for seconds in result.phase_sec.values())
+    assert sum(result.phase_sec.values()) <= result.wall_sec
+    assert result.phase_sec["train"] >= sum(result.step_times_sec)
     assert load_result(tmp_path / "cell.json") == result
 
 
@@ -53,6 +58,7 @@ def test_an_oom_inside_the_op_is_an_outcome_with_its_message_and_replays_still_r
     assert not first.oom_in_forward and failed.oom_in_forward and failed.oom_message == result.oom_message
     assert failed.saved_for_backward_mib is None
     assert len(result.step_times_sec) == 1  # the step that died has no time
+    assert result.phase_sec["train"] >= result.step_times_sec[0]  # timed up to the OOM
     assert result.pre_oom_alloc_mib == result.step_peak_alloc_mib > 0
     assert len(result.maxsim_calls_isolated) == 1 and not result.maxsim_calls_isolated[0].oom_in_replay
     assert load_result(tmp_path / "cell.json").outcome == "oom"
