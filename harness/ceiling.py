@@ -261,7 +261,8 @@ def run_search(search: CeilingSearch, results_dir: Path, notebooks_dir: Path, gp
         if status(plan, results_dir) == "crashed":
             rerun.add(plan.cell_id)
         run = run_one(plan, results_dir, notebooks_dir, gpu, gate)
-        echo(f"  {plan.cell_id}: {run.outcome} in {run.seconds:.0f}s" + (f" on GPU {gpu}" if gpu is not None else ""))
+        where = f" on GPU {gpu}" if gpu is not None else ""
+        echo(f"  {plan.cell_id}: {run.outcome} in {run.seconds:.0f}s{where}" + (f" ({run.phases})" if run.phases else ""))
 
 
 def describe(search: CeilingSearch, ceiling: Ceiling) -> str:

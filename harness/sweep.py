@@ -210,6 +210,7 @@ class CellRun:
     seconds: float
     slot: str
     detail: str = ""
+    phases: str = ""  # where the time went: "wait 31s · device 3s · build 40s · train 86s · replay 2s"
 
 
 def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | None, gate: Path | None = None) -> CellRun:
@@ -249,7 +250,13 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
         _publish_notebook(running_path, notebook_path, f"{plan.title} — crashed")
         return CellRun(plan, "crashed", seconds, gpu or "-", f"exit {completed.returncode}; log {log_path}")
     _publish_notebook(running_path, notebook_path, f"{plan.title} — {result.outcome}")
-    return CellRun(plan, result.outcome, seconds, gpu or "-", result.oom_message or "")
+    return CellRun(plan, result.outcome, seconds, gpu or "-", result.oom_message or "", describe_phases(result))
+
+
+def describe_phases(result: CellResult) -> str:
+    """Where a cell's time went, for the progress line: the GPU lock's wait, then each phase."""
+    parts = [(name, seconds) for name, seconds in [("wait", result.gpu_wait_sec or 0.0), *result.phase_sec.items()] if seconds >= 0.5]
+    return " · ".join(f"{name} {seconds:.0f}s" for name, seconds in parts)
 
 
 def _publish_notebook(running_path: Path, notebook_path: Path, title: str) -> None:
@@ -315,8 +322,9 @@ def run_sweep(
         with lock:
             runs.append(cell)
             elapsed = time.perf_counter() - started
+            phases = f"; {cell.phases}" if cell.phases else ""
             echo(f"[{len(runs)}/{len(todo)}] {plan.cell_id}: {cell.outcome} in {cell.seconds:.0f}s"
-                 f" (elapsed {elapsed:.0f}s){' — ' + cell.detail if cell.detail else ''}")  # fmt: skip
+                 f" (elapsed {elapsed:.0f}s{phases}){' — ' + cell.detail if cell.detail else ''}")  # fmt: skip
 
     run_on_gpus(len(todo), run, gpus, cells_per_gpu)
     echo(summary(plans, results_dir, time.perf_counter() - started))

@@ -51,6 +51,8 @@ def test_a_sweep_survives_a_dead_kernel_and_resumes_without_redoing_cells(tmp_pa
     assert "Kernel died" in crashed.crash_log_tail or "DeadKernelError" in crashed.crash_log_tail
     ok = load_result(plans[0].result_path(results))
     assert ok.outcome == "ok" and ok.maxsim_calls_in_train[0].query_shape == [2, 48, 128]
+    assert set(ok.phase_sec) == {"device", "build", "train", "replay"}
+    assert all("build" in r.phases for r in runs if r.outcome == "ok")  # the progress line says where the time went
     executed = nbformat.read(plans[0].notebook_path(notebooks), as_version=4)
     assert executed.cells[0].source.startswith("# pylate · plain · B=2 · vanilla · native — ok")
     assert "1 crashed, 2 ok" in lines[-1]
@@ -188,3 +190,13 @@ def test_match_selects_cells_by_id(capsys):
     listed = [line.split()[-1] for line in capsys.readouterr().out.splitlines()[:-1]]
     assert listed == ["colpali-plain-b256-vanilla-native", "colpali-plain-b256-lik-native"]
     assert sweep.main([grid, "--match", "nothing-*", "--dry-run"]) == 2
+
+
+def test_the_progress_line_says_where_a_cells_time_went():
+    from harness.results import CellResult
+
+    result = CellResult(stack="pylate", regime="plain", batch_size=2, variant="vanilla", card="native", steps=8, seed=42,
+                        preset="tiny", outcome="ok", gpu_wait_sec=31.2,
+                        phase_sec={"device": 2.6, "build": 40.1, "train": 86.0, "replay": 0.2})  # fmt: skip
+    assert sweep.describe_phases(result) == "wait 31s · device 3s · build 40s · train 86s"  # under half a second: left out
+    assert sweep.describe_phases(result.model_copy(update={"gpu_wait_sec": None, "phase_sec": {}})) == ""
