@@ -545,10 +545,10 @@ def ceiling_grid(searches: pd.DataFrame, allocator: str = "default") -> pd.DataF
     table = chosen.assign(ceiling=chosen.apply(ceiling_text, axis=1)).pivot_table(
         index=["stack", "regime", "backend"], columns="card", values="ceiling", aggfunc="first"
     )
-    return table.reindex(columns=order).rename(columns=_card_label).rename_axis(columns=None).fillna("")
+    return table.reindex(columns=order).rename(columns=card_label).rename_axis(columns=None).fillna("")
 
 
-def _card_label(name: str) -> str:
+def card_label(name: str) -> str:
     profile = CARDS.get(name)
     if profile is None or profile.nominal_gb is None:
         return name
@@ -590,7 +590,7 @@ def binding_reading(searches: pd.DataFrame, allocator: str = "default") -> list[
         for _, row in group.iterrows():
             where = {"maxsim": "fails in the MaxSim op", "elsewhere": "fails outside the op"}.get(row["fails where"], "")
             parts.append(f"{row['backend']} {ceiling_text(row)}" + (f" (the next batch {where})" if where else ""))
-        text = f"{stack} · {regime} on {_card_label(card)}: " + "; ".join(parts)
+        text = f"{stack} · {regime} on {card_label(card)}: " + "; ".join(parts)
         vanilla = group[group["backend"] == "vanilla"]
         fused = group[group["backend"].isin(["lik", "flash"])]
         if not vanilla.empty and not fused.empty:
@@ -612,7 +612,7 @@ def allocator_reading(searches: pd.DataFrame) -> list[str]:
         if not {"default", "expandable"} <= rows.keys():
             continue
         default, expandable = rows["default"], rows["expandable"]
-        text = (f"{stack} · {regime}, {backend} on {_card_label(card)}: {ceiling_text(default)} with the default "
+        text = (f"{stack} · {regime}, {backend} on {card_label(card)}: {ceiling_text(default)} with the default "
                 f"allocator, {ceiling_text(expandable)} with expandable segments")  # fmt: skip
         if not (_missing(default["fragmentation GiB"]) or _missing(expandable["fragmentation GiB"])):
             where = "the ceiling" if default["done"] and expandable["done"] else "the largest batch trained so far"
@@ -671,6 +671,52 @@ def ceiling_gains(searches: pd.DataFrame, stack: str, regime: str, card: str, fu
             f"expandable segments, with vanilla scoring kept, {change('expandable')}.")
 
 
+def ceiling_probes(results_dir: Path | None = None) -> pd.DataFrame:
+    """Every committed ceiling probe, one row each, with its backend label."""
+    root = Path(results_dir or default_results_dir())
+    if not (root / "ceilings").exists():
+        return pd.DataFrame()
+    return with_backend(load_results(root / "ceilings"))
+
+
+def plot_probe_peaks(probes: pd.DataFrame, title: str):  # type: ignore[no-untyped-def]
+    """One card's probes, a panel per allocator: each probe's step peak allocated (filled) and
+    reserved (open) against its batch, a probe that ran out of memory at its pre-OOM reserved peak
+    (×), and the card's usable memory. The gap between a probe's two markers is its fragmentation.
+    Each backend has its own marker and a small sideways offset, so equal peaks stay visible."""
+    done = probes[probes["outcome"].isin(["ok", "oom"])]
+    allocators = [name for name in ("default", "expandable") if (done["allocator"] == name).any()]
+    panels = max(len(allocators), 1)
+    figure, axes = plt.subplots(1, panels, figsize=(6.2 * panels, 4.6), sharex=True, sharey=True, squeeze=False)
+    backends = sorted(done["backend"].unique())
+    markers = ["o", "s", "^", "D"]
+    spread = 0.012 * (done["batch_size"].max() if not done.empty else 1)
+    for axis, allocator_name in zip(axes[0], allocators):
+        mine = done[done["allocator"] == allocator_name]
+        for i, backend in enumerate(backends):
+            rows = mine[mine["backend"] == backend]
+            ok, oom = rows[rows["outcome"] == "ok"], rows[rows["outcome"] == "oom"]
+            shift = (i - (len(backends) - 1) / 2) * spread
+            style = {"color": f"C{i}", "marker": markers[i % len(markers)]}
+            axis.scatter(ok["batch_size"] + shift, ok["step_peak_alloc_mib"] * GIB_PER_MIB, **style, label=f"{backend}: allocated")
+            axis.scatter(ok["batch_size"] + shift, ok["step_peak_reserved_mib"] * GIB_PER_MIB, facecolors="none",
+                         edgecolors=f"C{i}", marker=style["marker"], label=f"{backend}: reserved")  # fmt: skip
+            axis.scatter(oom["batch_size"] + shift, oom["pre_oom_reserved_mib"] * GIB_PER_MIB, color=f"C{i}", marker="x",
+                         label=f"{backend}: out of memory (reserved before it)")  # fmt: skip
+        cap = mine["memory_limit_mib"].max() * GIB_PER_MIB
+        if not _missing(cap):
+            axis.axhline(cap, color="grey", linestyle="--", linewidth=1, label=f"usable {cap:.2f} GiB")
+        axis.set_title(f"{allocator_name} allocator")
+        axis.set_xlabel("batch size")
+        axis.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("step peak (GiB)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8, frameon=False)
+    figure.suptitle(title)
+    figure.tight_layout(rect=(0, 0.06 * (1 + len(labels) // 4), 1, 1))
+    return figure
+
+
 def plot_ceiling_bars(searches: pd.DataFrame, title: str):  # type: ignore[no-untyped-def]
     """Ceiling per card and backend (default allocator); a whisker up to the first batch that failed."""
     figure, axis = plt.subplots(figsize=(7, 4.2))
@@ -687,7 +733,7 @@ def plot_ceiling_bars(searches: pd.DataFrame, title: str):  # type: ignore[no-un
         above = [(mine.loc[card, "fails"] - mine.loc[card, "fits"]) if not _missing(mine.loc[card, "fails"]) else 0
                  for card in cards if card in mine.index]  # fmt: skip
         axis.bar(xs, fits, width, label=backend, yerr=[[0] * len(above), above], capsize=3)
-    axis.set_xticks([k + width * (len(backends) - 1) / 2 for k in range(len(cards))], [_card_label(c) for c in cards])
+    axis.set_xticks([k + width * (len(backends) - 1) / 2 for k in range(len(cards))], [card_label(c) for c in cards])
     axis.set_yscale("log", base=2)
     axis.set_ylabel("largest batch that trains (log₂)")
     axis.set_title(title)

@@ -232,7 +232,7 @@ def test_an_unfinished_search_reads_as_its_bracket():
     assert report.ceiling_text(row) == "256–511 (searching)"
     assert report.ceiling_text(row | {"fails": None}) == "≥ 256 (searching)"
     assert report.ceiling_text(row | {"probes": 0}) == "not run"
-    assert report._card_label("native") == "141 GB (whole device)"
+    assert report.card_label("native") == "141 GB (whole device)"
 
 
 def test_a_result_run_with_other_settings_is_not_taken_for_a_probe(tmp_path, monkeypatch):
@@ -336,3 +336,21 @@ def test_each_seed_of_a_probed_batch_is_read_out(tmp_path, monkeypatch):
         "Same batch, card and backend: whether it trains is decided by the draw.")
     assert report.seed_reading(tmp_path, "pylate", "grad-checkpoint", 640, "vanilla", "h100-80gb").endswith("reserved).")
     assert report.seed_reading(tmp_path, "pylate", "grad-checkpoint", 999, "vanilla", "h100-80gb") == ""
+
+
+def test_every_probe_is_plotted_at_its_peaks_one_panel_per_allocator(tmp_path, monkeypatch):
+    default, expandable = search(limit=2048), search(allocator="expandable", limit=2048)
+    monkeypatch.setattr(ceiling, "run_one", fake_probe(700, reserved=110.0))
+    ceiling.run_search(default, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    monkeypatch.setattr(ceiling, "run_one", fake_probe(760, reserved=101.0))
+    ceiling.run_search(expandable, tmp_path, tmp_path / "cells", None, None, echo=lambda line: None)
+    probes = report.ceiling_probes(tmp_path)
+    figure = report.plot_probe_peaks(probes, "pylate · grad-checkpoint on 80 GB")
+    left, right = figure.axes
+    assert (left.get_title(), right.get_title()) == ("default allocator", "expandable allocator")
+    allocated, reserved, failed = left.collections  # one backend: its three kinds of marker
+    fits = probes[(probes["allocator"] == "default") & (probes["outcome"] == "ok")]
+    assert sorted(allocated.get_offsets()[:, 1]) == pytest.approx(sorted(fits["batch_size"] * 100 / 1024))
+    assert sorted(reserved.get_offsets()[:, 1]) == pytest.approx(sorted(fits["batch_size"] * 110 / 1024))
+    assert sorted(failed.get_offsets()[:, 0]) == sorted(probes[(probes["allocator"] == "default") & (probes["outcome"] == "oom")]["batch_size"])
+    assert report.ceiling_probes(tmp_path / "nothing").empty
