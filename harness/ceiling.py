@@ -35,11 +35,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.results import load_result
 from harness.sweep import (
-    ROOT, CellPlan, GridError, check_plan, expand, positive_int, read_grid, repeats, run_on_gpus, run_one, status,
+    ROOT, CellPlan, GridError, build_grid, check_plan, positive_int, run_on_gpus, run_one, status,
     visible_gpus,
 )  # fmt: skip
 
@@ -279,23 +279,16 @@ def describe(search: CeilingSearch, ceiling: Ceiling) -> str:
 
 def load_searches(path: str | Path, match: Sequence[str] = ()) -> list[CeilingSearch]:
     """Expand and validate a ceiling grid (``defaults`` + ``searches``); raise GridError naming every problem."""
-    name, defaults, entries = read_grid(path, "searches")
-    searches, problems = [], []
-    for index, entry in enumerate(entries):
-        for fields in expand({**defaults, **(entry or {}), "grid": name}, EXPANDABLE):
-            try:
-                search = CeilingSearch(**fields)
-                check_plan(search.probe(search.start, search.seeds[0]))
-            except (ValidationError, ValueError) as error:
-                described = " ".join(f"{k}={fields[k]}" for k in SEARCH_FIELDS if fields.get(k) is not None)
-                problems.append(f"searches[{index}] ({described}): {error}")
-                continue
-            searches.append(search)
-    repeated = repeats([s.search_id for s in searches])
-    if repeated:
-        problems.append(f"searches repeat: {', '.join(repeated)}")
-    if problems:
-        raise GridError(f"ceiling grid {path} is invalid:\n  " + "\n  ".join(problems))
+
+    def build(fields: dict[str, Any]) -> CeilingSearch:
+        search = CeilingSearch(**fields)
+        check_plan(search.probe(search.start, search.seeds[0]))
+        return search
+
+    def describe(fields: dict[str, Any], defaults: dict[str, Any]) -> str:
+        return " ".join(f"{k}={fields[k]}" for k in SEARCH_FIELDS if fields.get(k) is not None)
+
+    searches = build_grid(path, "searches", EXPANDABLE, build, lambda search: search.search_id, describe, title="ceiling grid")
     if match:
         searches = [s for s in searches if any(fnmatch.fnmatchcase(s.search_id, pattern) for pattern in match)]
     return searches

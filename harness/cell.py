@@ -22,7 +22,7 @@ import gc
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -35,7 +35,7 @@ from harness.recorder import OpRecorder, first_line
 from harness.replay import replay_shapes
 from harness.results import CellResult, write_result
 from harness.stacks import Stack, check_cell, load_stack
-from harness.timing import AutotuneWatch, StepTimer, steady_state
+from harness.timing import AutotuneWatch, StepTimer, steady_state, timed
 
 
 class CellParams(BaseModel):
@@ -216,15 +216,6 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
     write_result(result, params.output)
     return result
 
-
-@contextlib.contextmanager
-def timed(phases: dict[str, float], name: str) -> Iterator[None]:
-    """Add the seconds the block took to ``phases[name]``, also when it raises (an OOM in train)."""
-    began = time.perf_counter()
-    try:
-        yield
-    finally:
-        phases[name] = phases.get(name, 0.0) + time.perf_counter() - began
 
 
 def countable_backends(library: str) -> list[str]:

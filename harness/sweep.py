@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import nbformat
 import yaml
@@ -37,6 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from harness import allocator, backends, cards, gpu_gate
 from harness.results import CellResult, ResultError, load_result, write_result
 from harness.stacks import STACK_INFO, check_cell
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPANDABLE = ("batch_size", "variant", "regime", "score_mini_batch_size", "negatives", "card", "allocator", "seed")
@@ -143,30 +145,45 @@ def repeats(ids: Sequence[str]) -> list[str]:
     return sorted({i for i in ids if ids.count(i) > 1})
 
 
+def build_grid(path: str | os.PathLike[str], key: str, expandable: Sequence[str], build: Callable[[dict[str, Any]], T],
+               identify: Callable[[T], str], describe: Callable[[dict[str, Any], dict[str, Any]], str],
+               keep: Callable[[dict[str, Any]], bool] = lambda fields: True, title: str = "grid") -> list[T]:  # fmt: skip
+    """The items of a grid file: each entry under ``key`` (over the file's ``defaults``, those ``keep``
+    accepts) expanded over its list-valued ``expandable`` keys, one ``build(fields)`` per combination.
+    Raises :class:`GridError` naming every combination ``build`` refused and every repeated id."""
+    name, defaults, entries = read_grid(path, key)
+    items, problems = [], []
+    for index, entry in enumerate(entries):
+        merged = {**defaults, **(entry or {}), "grid": name}
+        if not keep(merged):
+            continue
+        for fields in expand(merged, expandable):
+            try:
+                items.append(build(fields))
+            except (ValidationError, ValueError) as error:
+                problems.append(f"{key}[{index}] ({describe(fields, defaults)}): {error}")
+    repeated = repeats([identify(item) for item in items])
+    if repeated:
+        problems.append(f"{key} repeat: {', '.join(repeated)}")
+    if problems:
+        raise GridError(f"{title} {path} is invalid:\n  " + "\n  ".join(problems))
+    return items
+
+
 def load_grid(path: str | os.PathLike[str], stacks: Sequence[str] | None = None) -> list[CellPlan]:
     """Expand and validate a grid file (only ``stacks``' cells, if given); raise :class:`GridError`
     naming every problem."""
-    name, defaults, entries = read_grid(path, "cells")
-    plans, problems = [], []
-    for index, entry in enumerate(entries):
-        merged = {**defaults, **(entry or {}), "grid": name}
-        if stacks and merged.get("stack") not in stacks:
-            continue
-        for fields in expand(merged, EXPANDABLE):
-            try:
-                plan = CellPlan(**fields)
-                check_plan(plan)
-            except (ValidationError, ValueError) as error:
-                described = " ".join(f"{k}={v}" for k, v in fields.items() if k not in defaults or k == "stack")
-                problems.append(f"cells[{index}] ({described}): {error}")
-                continue
-            plans.append(plan)
-    duplicates = repeats([p.cell_id for p in plans])
-    if duplicates:
-        problems.append(f"cells repeat: {', '.join(duplicates)}")
-    if problems:
-        raise GridError(f"grid {path} is invalid:\n  " + "\n  ".join(problems))
-    return plans
+
+    def build(fields: dict[str, Any]) -> CellPlan:
+        plan = CellPlan(**fields)
+        check_plan(plan)
+        return plan
+
+    def describe(fields: dict[str, Any], defaults: dict[str, Any]) -> str:
+        return " ".join(f"{k}={v}" for k, v in fields.items() if k not in defaults or k == "stack")
+
+    return build_grid(path, "cells", EXPANDABLE, build, lambda plan: plan.cell_id, describe,
+                      keep=lambda fields: not stacks or fields.get("stack") in stacks)  # fmt: skip
 
 
 def check_plan(plan: CellPlan) -> None:

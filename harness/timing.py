@@ -106,3 +106,13 @@ class StepTimer(TrainerCallback):
             self.step_peak_reserved_bytes.append(self.ledger.step_reserved_bytes)
         if self.watch.events > self._events_at_start:
             self.autotune_steps.append(len(self.step_times_sec) - 1)
+
+
+@contextlib.contextmanager
+def timed(phases: dict[str, float], name: str) -> Iterator[None]:
+    """Add the seconds the block took to ``phases[name]``, also when it raises (an OOM in train)."""
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - began
