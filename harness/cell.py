@@ -217,7 +217,6 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
     return result
 
 
-
 def countable_backends(library: str) -> list[str]:
     """Fused backends of the op's ``library`` that are installed: their entry points can be counted."""
     return [
