@@ -27,20 +27,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
+import os
 import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from harness import gpu_gate
 from harness.results import load_result
 from harness.sweep import (
-    ROOT, CellPlan, GridError, build_grid, check_plan, positive_int, run_on_gpus, run_one, status,
-    visible_gpus,
+    ROOT, CellPlan, Gate, GridError, build_grid, cell_environment, check_plan, positive_int, run_on_gpus,
+    run_one, status, visible_gpus,
 )  # fmt: skip
 
 MIN_STEPS = 8
@@ -248,7 +250,7 @@ def search_state(search: CeilingSearch, results_dir: Path, rerun_crashed: bool =
     return ceiling, pending.get("plan") if not ceiling.done else None
 
 
-def run_search(search: CeilingSearch, results_dir: Path, notebooks_dir: Path, gpu: str | None, gate: Path | None,
+def run_search(search: CeilingSearch, results_dir: Path, notebooks_dir: Path, gpu: str | None, gate: Gate | None,
                echo: Callable[[str], None] = print, rerun_crashed: bool = False) -> Ceiling:  # fmt: skip
     """Run the probes a search still needs, one at a time, and return where it ends."""
     rerun = set()  # crashed probes run again once each, not again and again
@@ -302,10 +304,13 @@ def run_searches(
     cells_per_gpu: int = 1,
     echo: Callable[[str], None] = print,
     rerun_crashed: bool = False,
+    share_gib: Mapping[str | None, float] | None = None,
 ) -> list[Ceiling]:
     """Run searches side by side: ``cells_per_gpu`` searches per GPU (one without GPUs); a search's
-    own probes run in order, since each decides the next. Returns one Ceiling per search, in order;
-    a search that raised is returned stopped, with the error, and the others go on."""
+    own probes run in order, since each decides the next. Where ``share_gib`` gives a GPU's memory,
+    as many probes measure on it at once as their card caps fit (:mod:`harness.gpu_gate`). Returns
+    one Ceiling per search, in order; a search that raised is returned stopped, with the error, and
+    the others go on."""
     ceilings: list[Ceiling | None] = [None] * len(searches)
     lock = threading.Lock()
     started = time.perf_counter()
@@ -314,15 +319,29 @@ def run_searches(
         with lock:
             echo(line)
 
-    def run(index: int, slot: str | None, gate: Path) -> None:
+    def run(index: int, slot: str | None, gate: Gate) -> None:
         try:
             ceilings[index] = run_search(searches[index], results_dir, notebooks_dir, slot, gate, say, rerun_crashed)
         except Exception as error:  # noqa: BLE001 — one broken search must not silently end the others
             ceilings[index] = Ceiling(stopped=f"{type(error).__name__}: {error}")
         say(f"[{time.perf_counter() - started:.0f}s] {describe(searches[index], ceilings[index])}")
 
-    run_on_gpus(len(searches), run, gpus, cells_per_gpu)
+    run_on_gpus(len(searches), run, gpus, cells_per_gpu, share_gib)
     return [ceiling or Ceiling(stopped="never started") for ceiling in ceilings]
+
+
+def share_budgets(spec: str, gpus: Sequence[str] | None) -> dict[str | None, float]:
+    """``--share-gpu``'s budget per GPU: ``free`` (nvidia-smi's free memory less 1 GiB) or GiB for each."""
+    slots: list[str | None] = list(gpus) if gpus else [None]
+    if spec != "free":
+        try:
+            budget = float(spec)
+        except ValueError:
+            raise ValueError(f"--share-gpu takes GiB or nothing, got {spec!r}") from None
+        if budget <= 0:
+            raise ValueError(f"--share-gpu must be positive, got {spec!r}")
+        return dict.fromkeys(slots, budget)
+    return {slot: gpu_gate.free_memory_gib(cell_environment(slot, os.environ)["CUDA_VISIBLE_DEVICES"]) - 1.0 for slot in slots}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -330,7 +349,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("grid", type=Path)
     parser.add_argument("--gpus", help="run searches side by side, one GPU each: '0,1' or 'all'")
     parser.add_argument("--cells-per-gpu", type=positive_int, default=1, metavar="N",
-                        help="N searches per GPU, their probes starting up together and measuring one at a time")  # fmt: skip
+                        help="N searches per GPU, their probes starting up together and measuring one at a time "
+                             "(with --share-gpu: as many at once as their card caps fit)")  # fmt: skip
+    parser.add_argument("--share-gpu", nargs="?", const="free", metavar="GIB",
+                        help="let capped probes measure side by side on a GPU, within GIB of its memory "
+                             "(default: what nvidia-smi reports free now, less 1 GiB); outcomes and peaks "
+                             "are unchanged, step times are not the card's")  # fmt: skip
     parser.add_argument("--match", action="append", default=[], metavar="GLOB", help="only searches whose id matches")
     parser.add_argument("--dry-run", action="store_true", help="say where each search stands, run nothing")
     parser.add_argument("--rerun-crashed", action="store_true", help="run crashed probes again (once each)")
@@ -345,6 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not searches:
         print(f"no search of {args.grid} matches {' or '.join(args.match)}", file=sys.stderr)
         return 2
+    gpus = visible_gpus(args.gpus) if args.gpus else None
+    try:
+        share = None if args.share_gpu is None or args.dry_run else share_budgets(args.share_gpu, gpus)
+    except ValueError as error:
+        print(f"harness-ceiling: {error}", file=sys.stderr)
+        return 2
     if args.dry_run:
         refused = 0
         for search in searches:
@@ -355,8 +385,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(describe(search, Ceiling(stopped=str(error))), file=sys.stderr)
         print(f"{len(searches)} searches")
         return 1 if refused else 0
-    ceilings = run_searches(searches, args.results_dir, args.notebooks_dir, visible_gpus(args.gpus) if args.gpus else None,
-                            args.cells_per_gpu, rerun_crashed=args.rerun_crashed)  # fmt: skip
+    if share:
+        print("sharing GPUs: " + ", ".join(f"{gpu or 'default'} {gib:.1f} GiB" for gpu, gib in share.items()))
+    ceilings = run_searches(searches, args.results_dir, args.notebooks_dir, gpus, args.cells_per_gpu,
+                            rerun_crashed=args.rerun_crashed, share_gib=share)  # fmt: skip
     stopped = [describe(search, c) for search, c in zip(searches, ceilings) if c.stopped]
     for line in stopped:
         print(line, file=sys.stderr)

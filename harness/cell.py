@@ -135,7 +135,8 @@ def check_writable(path: Path) -> None:
 def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
     """Run one cell and write its result to ``params.output``; returns the result."""
     stack = validate(params, stack)
-    gpu_wait = gpu_gate.hold()  # under harness-sweep: wait for this GPU before creating a CUDA context
+    # under harness-sweep / harness-ceiling: wait for this GPU (or room on it) before creating a CUDA context
+    gpu_wait = gpu_gate.hold(cards.card(params.card).usable_gib)
     started = time.perf_counter()
     phases: dict[str, float] = {}
     with timed(phases, "device"):
@@ -183,6 +184,7 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
     result = CellResult(
         stack=stack.name,
         gpu_wait_sec=gpu_wait,
+        gpu_share_gib=gpu_gate.share_gib(),
         regime=params.regime,
         batch_size=params.batch_size,
         variant=params.variant,

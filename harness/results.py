@@ -117,6 +117,9 @@ class CellResult(_Record):
     env: Environment | None = None
     wall_sec: float | None = None
     gpu_wait_sec: float | None = None  # under harness-sweep's GPU lock: how long the cell waited for its GPU
+    # set when the cell measured beside others on a shared GPU (harness-ceiling --share-gpu): the GiB
+    # it was given there (card cap + context margin). Its memory is its own; its step times are not the card's.
+    gpu_share_gib: float | None = None
     # where wall_sec went: "device" (context, card cap), "build" (model, data, trainer), "train"
     # (every step, up to an OOM), "replay" (the isolated replays)
     phase_sec: dict[str, float] = Field(default_factory=dict)

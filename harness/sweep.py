@@ -230,7 +230,22 @@ class CellRun:
     phases: str = ""  # where the time went: "wait 31s · device 3s · build 40s · train 86s · replay 2s"
 
 
-def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | None, gate: Path | None = None) -> CellRun:
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """A GPU's gate (:mod:`harness.gpu_gate`): its lock file, and the GiB its cells may share (None:
+    each cell measures with the GPU alone)."""
+
+    path: Path
+    share_gib: float | None = None
+
+    def environment(self) -> dict[str, str]:
+        env = {gpu_gate.LOCK_VARIABLE: str(self.path)}
+        if self.share_gib is not None:
+            env[gpu_gate.SHARE_VARIABLE] = f"{self.share_gib:.2f}"
+        return env
+
+
+def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | None, gate: Gate | None = None) -> CellRun:
     """One fresh-kernel papermill run; a crash marker if it ends without a valid result."""
     result_path, notebook_path, log_path = (
         plan.result_path(results_dir), plan.notebook_path(notebooks_dir), plan.log_path(results_dir)
@@ -246,7 +261,7 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
         command += ["-y", yaml.safe_dump({key: value}, default_flow_style=True).strip()]
     env = allocator.environment_for(plan.allocator, cell_environment(gpu, os.environ))
     if gate is not None:
-        env[gpu_gate.LOCK_VARIABLE] = str(gate)
+        env.update(gate.environment())
     result_path.unlink(missing_ok=True)  # a stale crash marker must not pass for this run's result
     started = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
@@ -331,7 +346,7 @@ def run_sweep(
     lock = threading.Lock()
     started = time.perf_counter()
 
-    def run(index: int, slot: str | None, gate: Path) -> None:
+    def run(index: int, slot: str | None, gate: Gate) -> None:
         plan = todo[index]
         with lock:
             echo(f"  start {plan.cell_id}" + (f" on GPU {slot}" if slot is not None else ""))
@@ -348,18 +363,19 @@ def run_sweep(
     return runs
 
 
-def run_on_gpus(count: int, task: Callable[[int, str | None, Path], None], gpus: Sequence[str] | None,
-                cells_per_gpu: int = 1) -> None:  # fmt: skip
+def run_on_gpus(count: int, task: Callable[[int, str | None, Gate], None], gpus: Sequence[str] | None,
+                cells_per_gpu: int = 1, share_gib: Mapping[str | None, float] | None = None) -> None:  # fmt: skip
     """Call ``task(index, gpu, gate)`` once for every index below ``count``, taken in order by
     ``cells_per_gpu`` workers per GPU (without GPUs: that many workers on the default one). A GPU's
-    workers share its lock file (``gate``), so their cells measure one at a time."""
+    workers share its gate, so their cells measure one at a time — or, where ``share_gib`` gives
+    that GPU's memory, as many at once as their card caps fit in it."""
     if cells_per_gpu < 1:
         raise ValueError(f"cells_per_gpu must be at least 1, got {cells_per_gpu}")
     work: queue.Queue[int] = queue.Queue()
     for index in range(count):
         work.put(index)
 
-    def worker(slot: str | None, gate: Path) -> None:
+    def worker(slot: str | None, gate: Gate) -> None:
         while True:
             try:
                 index = work.get_nowait()
@@ -368,7 +384,8 @@ def run_on_gpus(count: int, task: Callable[[int, str | None, Path], None], gpus:
             task(index, slot, gate)
 
     slots: list[str | None] = list(gpus) if gpus else [None]
-    threads = [threading.Thread(target=worker, args=(slot, gate_path(slot))) for slot in slots for _ in range(cells_per_gpu)]
+    gates = {slot: Gate(gate_path(slot), (share_gib or {}).get(slot)) for slot in slots}
+    threads = [threading.Thread(target=worker, args=(slot, gates[slot])) for slot in slots for _ in range(cells_per_gpu)]
     for thread in threads:
         thread.start()
     for thread in threads:

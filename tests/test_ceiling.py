@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import ceiling, report
+from harness import ceiling, report, sweep
 from harness.ceiling import CeilingSearch, plan_search
 from harness.ceiling import walk as walk_search
 from harness.results import CellResult, load_result, write_result
@@ -217,14 +217,37 @@ def test_a_crashed_probe_stops_its_search(tmp_path, monkeypatch):
 def test_a_real_probe_runs_as_a_cell_with_its_allocator_in_its_environment(tmp_path):
     s = CeilingSearch(stack="pylate", regime="plain", variant="vanilla", card="native", allocator="expandable",
                       seeds=[42], steps=8, start=2, limit=2, resolution=2, preset="tiny", device="cpu", kernel="python3")  # fmt: skip
-    result = ceiling.run_searches([s], tmp_path / "results", tmp_path / "cells", echo=lambda line: None)
+    result = ceiling.run_searches([s], tmp_path / "results", tmp_path / "cells", echo=lambda line: None, share_gib={None: 50.0})
     assert (result[0].fits, result[0].fails, result[0].done) == (2, None, True)
     probe = load_result(s.probe(2, 42).result_path(tmp_path / "results"))
     assert probe.outcome == "ok" and probe.allocator == "expandable" and len(probe.step_times_sec) == 8
+    assert probe.gpu_share_gib is None  # an uncapped card measures alone even on a shared GPU
     assert probe.env.pytorch_cuda_alloc_conf == "expandable_segments:True"
     assert len(probe.step_peak_reserved_per_step_mib) == 8
     assert s.probe(2, 42).cell_id == "pylate-plain-b2-vanilla-native-expandable"
     assert s.probe(2, 43).cell_id == "pylate-plain-b2-vanilla-native-expandable-s43"
+
+
+def test_probes_get_their_gpus_share_budget(tmp_path, monkeypatch):
+    gates = []
+
+    def run_one(plan, results_dir, notebooks_dir, gpu, gate=None):
+        gates.append((gpu, gate.share_gib))
+        return fake_probe(700)(plan, results_dir, notebooks_dir, gpu, gate)
+
+    monkeypatch.setattr(ceiling, "run_one", run_one)
+    monkeypatch.setattr(sweep, "gate_path", lambda gpu: tmp_path / f"gpu-{gpu}.lock")
+    ceiling.run_searches([search(limit=1024)], tmp_path, tmp_path / "cells", gpus=["3"], echo=lambda line: None,
+                         share_gib={"3": 120.5})  # fmt: skip
+    assert gates and set(gates) == {("3", 120.5)}
+    assert ceiling.share_budgets("60", ["0", "1"]) == {"0": 60.0, "1": 60.0}
+    with pytest.raises(ValueError, match="GiB or nothing"):
+        ceiling.share_budgets("half", ["0"])
+    with pytest.raises(ValueError, match="positive"):
+        ceiling.share_budgets("0", None)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi here
+    with pytest.raises(ValueError, match="pass --share-gpu GIB"):
+        ceiling.share_budgets("free", ["0"])
 
 
 def test_an_unfinished_search_reads_as_its_bracket():

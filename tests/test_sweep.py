@@ -94,21 +94,11 @@ def test_two_cells_per_gpu_start_together_and_measure_one_at_a_time(tmp_path, dy
         sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", cells_per_gpu=0)
 
 
-def test_the_gpu_gate_holds_its_lock_until_the_process_ends(tmp_path, monkeypatch):
-    lock = tmp_path / "gpu.lock"
-    env = {**os.environ, gpu_gate.LOCK_VARIABLE: str(lock)}
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from harness import gpu_gate; gpu_gate.hold(); print('held', flush=True); time.sleep(1.5)"],
-        env=env, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert holder.stdout.readline().strip() == "held"
-    waiter = subprocess.run(
-        [sys.executable, "-c", "from harness import gpu_gate; print(gpu_gate.hold())"], env=env, capture_output=True, text=True, check=True
-    )  # fmt: skip
-    holder.wait()
-    assert float(waiter.stdout) > 0.5  # it waited for the holder to exit
-    monkeypatch.delenv(gpu_gate.LOCK_VARIABLE, raising=False)
-    assert gpu_gate.hold() == 0.0  # outside a gated sweep: no lock, no wait
+def test_a_gate_passes_its_lock_and_share_budget_to_the_cell(tmp_path):
+    alone = sweep.Gate(tmp_path / "gpu.lock")
+    assert alone.environment() == {gpu_gate.LOCK_VARIABLE: str(tmp_path / "gpu.lock")}
+    shared = sweep.Gate(tmp_path / "gpu.lock", share_gib=138.75)
+    assert shared.environment()[gpu_gate.SHARE_VARIABLE] == "138.75"
 
 
 def test_an_invalid_grid_is_rejected_before_anything_runs(tmp_path, dying_notebook):

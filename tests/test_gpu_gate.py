@@ -1,0 +1,114 @@
+"""The GPU gate: cells measure alone by default, side by side within a share budget, in the order they asked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness import gpu_gate
+from harness.gpu_gate import CONTEXT_MARGIN_GIB as MARGIN
+
+ENTER = """
+import sys, time
+from harness import gpu_gate
+cap = None if sys.argv[1] == "native" else float(sys.argv[1])
+waited = gpu_gate.hold(cap)
+print(f"{time.time():.3f} {waited:.3f} {gpu_gate.share_gib()}", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def enter(env, cap, stay_sec):
+    """A process that enters the gate with card cap ``cap`` and stays ``stay_sec`` seconds."""
+    return subprocess.Popen([sys.executable, "-c", ENTER, str(cap), str(stay_sec)], env=env, stdout=subprocess.PIPE, text=True)
+
+
+def entered(process):
+    """(time it entered, seconds it waited, GiB it was given) as the process printed them."""
+    when, waited, share = process.stdout.readline().split()
+    return float(when), float(waited), None if share == "None" else float(share)
+
+
+@pytest.fixture
+def gate_env(tmp_path):
+    return {**os.environ, gpu_gate.LOCK_VARIABLE: str(tmp_path / "gpu.lock")}
+
+
+def test_what_a_cell_takes_from_a_shared_gpu():
+    assert gpu_gate.share_needed(22.96, 139.0) == pytest.approx(22.96 + MARGIN)
+    assert gpu_gate.share_needed(22.96, None) is None  # no budget: the GPU alone
+    assert gpu_gate.share_needed(None, 139.0) is None  # uncapped: the GPU alone
+    assert gpu_gate.share_needed(138.0, 139.0) is None  # cap + context beyond the budget: alone
+
+
+def test_who_fits_beside_whom():
+    assert gpu_gate.fits(None, [], 139.0)
+    assert not gpu_gate.fits(None, ["24.96"], 139.0)  # alone means nobody else inside
+    assert gpu_gate.fits(24.96, ["24.96"] * 4, 139.0)  # five 24 GB cards on a 139 GiB budget
+    assert not gpu_gate.fits(24.96, ["24.96"] * 5, 139.0)
+    assert not gpu_gate.fits(24.96, [gpu_gate.EXCLUSIVE], 139.0)  # nobody joins a cell that is alone
+    assert not gpu_gate.fits(24.96, [], None)
+
+
+def test_an_unreadable_budget_is_refused(monkeypatch):
+    monkeypatch.setenv(gpu_gate.SHARE_VARIABLE, "lots")
+    with pytest.raises(ValueError, match="GPU's memory in GiB"):
+        gpu_gate.share_budget()
+    monkeypatch.setenv(gpu_gate.SHARE_VARIABLE, "-3")
+    with pytest.raises(ValueError, match="positive"):
+        gpu_gate.share_budget()
+
+
+def test_without_a_budget_cells_enter_one_at_a_time(gate_env):
+    first = enter(gate_env, 4.0, 1.5)
+    first_in = entered(first)
+    second_in = entered(enter(gate_env, 4.0, 0))
+    assert first_in[2] is None and second_in[2] is None  # each had the GPU alone
+    assert second_in[1] > 1.0  # it waited for the first process to end
+    first.wait()
+
+
+def test_capped_cells_share_a_budget_and_the_next_waits_for_room(gate_env):
+    env = {**gate_env, gpu_gate.SHARE_VARIABLE: str(2 * (4.0 + MARGIN))}  # room for exactly two 4 GiB caps
+    a = enter(env, 4.0, 2.0)
+    a_in = entered(a)
+    b = enter(env, 4.0, 2.0)
+    b_in = entered(b)
+    assert b_in[1] < 1.0 and a_in[2] == b_in[2] == pytest.approx(4.0 + MARGIN)  # in beside a at once
+    c_in = entered(enter(env, 4.0, 0))
+    assert c_in[1] > 1.0 and c_in[0] >= a_in[0] + 1.5  # the third waited until one left
+    a.wait(), b.wait()
+
+
+def test_an_uncapped_cell_waits_for_the_gpu_alone_and_keeps_its_place(gate_env):
+    env = {**gate_env, gpu_gate.SHARE_VARIABLE: "100"}
+    small = enter(env, 4.0, 2.0)
+    small_in = entered(small)
+    native = enter(env, "native", 1.5)
+    time.sleep(0.5)  # the native cell asks before the late one
+    late = enter(env, 4.0, 0)
+    native_in, late_in = entered(native), entered(late)
+    assert native_in[2] is None and native_in[0] >= small_in[0] + 1.5  # alone: after the small one left
+    assert late_in[0] >= native_in[0] + 1.0  # it fitted beside the small one, but came after the native cell
+    small.wait(), native.wait()
+
+
+def test_a_killed_cell_leaves_no_claim_behind(gate_env):
+    holder = enter(gate_env, 4.0, 60)
+    entered(holder)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    began = time.perf_counter()
+    assert entered(enter(gate_env, 4.0, 0))[1] < 1.0  # the kernel dropped the dead process's lock
+    assert time.perf_counter() - began < 30
+
+
+def test_outside_a_gated_sweep_there_is_no_gate(monkeypatch):
+    monkeypatch.delenv(gpu_gate.LOCK_VARIABLE, raising=False)
+    assert gpu_gate.hold(22.96) == 0.0
+    assert gpu_gate.share_gib() is None
