@@ -15,6 +15,7 @@ difference; the report states the cap each ceiling was found under.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 
@@ -68,3 +69,34 @@ def apply_card(profile: CardProfile, device: torch.device) -> int | None:
         )
     torch.cuda.set_per_process_memory_fraction(profile.usable_bytes / total, device)
     return profile.usable_bytes
+
+
+_SIZE = r"([\d.]+) (B|KiB|MiB|GiB|TiB)"
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+_REQUEST = re.compile(rf"Tried to allocate {_SIZE}")
+_FREE = re.compile(rf"has a total capacity of {_SIZE} of which {_SIZE} is free")
+_HELD = re.compile(rf"Of the allocated memory {_SIZE} is allocated by PyTorch, and {_SIZE} is reserved by PyTorch but unallocated")
+# the allocator rounds a request up (to 2 MiB, or 20 MiB for mid-sized ones) before it checks the cap
+ROUNDING_SLACK_BYTES = 64 << 20
+
+
+def device_ran_out(message: str, cap_bytes: int | None) -> bool:
+    """Whether an out-of-memory error under a card cap came from the device itself, not the cap:
+    the device had less free than the request although the cap still allowed it. That can only
+    happen when another process used the GPU, and such an OOM says nothing about the card.
+
+    Read from PyTorch's message: "Tried to allocate R. GPU 0 has a total capacity of T of which F is
+    free. … Of the allocated memory A is allocated by PyTorch, and U is reserved by PyTorch but
+    unallocated." The cap refused it when A + U + R passes the cap; a message that does not parse
+    is taken as the cap's.
+    """
+    request, free, held = _REQUEST.search(message), _FREE.search(message), _HELD.search(message)
+    if cap_bytes is None or not (request and free and held):
+        return False
+
+    def size(number: str, unit: str) -> float:
+        return float(number) * _UNITS[unit]
+
+    requested = size(*request.groups())
+    reserved = size(*held.groups()[:2]) + size(*held.groups()[2:])
+    return size(*free.groups()[2:]) < requested and reserved + requested + ROUNDING_SLACK_BYTES < cap_bytes

@@ -149,7 +149,7 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
     watch = AutotuneWatch()
     timer = StepTimer(device, watch, on_step=lambda step: setattr(recorder, "step", step), ledger=ledger)
     counters = {name: backends.EntryPointCounter(name) for name in countable_backends(stack.op.stack)}
-    outcome, oom_message, oom_where = "ok", None, None
+    outcome, oom_message, oom_where, device_oom = "ok", None, None, False
     samples_per_step = params.batch_size
     model_source, data_source = params.model_source, params.data_source
 
@@ -168,6 +168,7 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
                     built.trainer.train()
         except torch.OutOfMemoryError as error:
             outcome, oom_message = "oom", first_line(error)
+            device_oom = cards.device_ran_out(str(error), card_cap)
             oom_where = "maxsim" if recorder.calls and recorder.calls[-1].oom_in_forward else "elsewhere"
             error.__traceback__ = None  # frames of the failed step pin its tensors
             del error
@@ -177,6 +178,11 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
         with timed(phases, "replay"):
             isolated = replay_shapes(stack.op, recorder.shapes, params.variant, probe, seed=params.seed)
 
+    if device_oom:
+        raise DeviceOutOfMemory(
+            f"the device itself ran out of memory below the {params.card} cap, so this run says nothing about "
+            f"that card: another process was using the GPU. Run it again with the GPU to itself. ({oom_message})"
+        )
     entry_point_calls = counters[params.variant].calls if params.variant in counters else None
     check_backend_ran(params.variant, counters, sum(not call.oom_in_forward for call in recorder.calls))
     steady, steady_time = steady_state(timer.step_times_sec, timer.autotune_steps, params.warmup_steps)
@@ -226,6 +232,10 @@ def countable_backends(library: str) -> list[str]:
         for name, spec in backends.BACKENDS.items()
         if spec.module is not None and library in spec.stacks and backends.installed_version(spec.package or "")
     ]
+
+
+class DeviceOutOfMemory(RuntimeError):
+    """A capped cell ran out of device memory the cap still allowed: not an outcome of its card."""
 
 
 class BackendPathError(RuntimeError):

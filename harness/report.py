@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from harness.cards import CARDS
-from harness.results import default_results_dir, load_results, result_paths
+from harness.results import default_results_dir, load_result, load_results, result_paths
 
 PUBLISHED = Path(__file__).resolve().parent.parent / "book" / "data" / "published.csv"
 GIB_PER_MIB = 1 / 1024
@@ -73,9 +73,13 @@ def with_backend(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def load(results_dir: Path | None = None, leave_out: tuple[str, ...] = ("ceilings",)) -> tuple[pd.DataFrame, pd.DataFrame]:
+SHARED_CHECK = "shared-gpu-check"
+
+
+def load(results_dir: Path | None = None, leave_out: tuple[str, ...] = ("ceilings", SHARED_CHECK)) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cells, isolated calls) with a ``backend`` column, from every grid folder of the results
-    directory but ``leave_out``: ceiling probes have their own page."""
+    directory but ``leave_out``: ceiling probes have their own page, and the shared-GPU check its
+    own table (:func:`sharing_check`)."""
     root = Path(results_dir or default_results_dir())
     sources = [path for path in result_paths(root) if path.relative_to(root).parts[0] not in leave_out]
     cells = load_results(sources)
@@ -742,3 +746,41 @@ def plot_ceiling_bars(searches: pd.DataFrame, title: str):  # type: ignore[no-un
         axis.legend()
     figure.tight_layout()
     return figure
+
+
+def sharing_check(results_dir: Path | None = None) -> pd.DataFrame:
+    """Ceiling probes run again on a shared GPU (``results/shared-gpu-check``, a results directory of
+    its own) beside the same probes committed from a GPU they had alone: outcome, peaks and step
+    times side by side, and whether every step's peaks are the same to the byte."""
+    root = Path(results_dir or default_results_dir())
+    rows = []
+    for shared_path in result_paths(root / SHARED_CHECK):
+        alone_path = root / shared_path.relative_to(root / SHARED_CHECK)
+        if not alone_path.exists():
+            continue
+        shared, alone = load_result(shared_path), load_result(alone_path)
+        same_steps = (shared.step_peak_alloc_per_step_mib, shared.step_peak_reserved_per_step_mib) == (
+            alone.step_peak_alloc_per_step_mib, alone.step_peak_reserved_per_step_mib)  # fmt: skip
+        same = same_steps and (shared.outcome, shared.step_peak_alloc_mib, shared.step_peak_reserved_mib) == (
+            alone.outcome, alone.step_peak_alloc_mib, alone.step_peak_reserved_mib)  # fmt: skip
+        rows.append({
+            "probe": shared_path.stem, "GiB given on the shared GPU": _number(shared.gpu_share_gib, ".2f"),
+            "outcome alone · shared": f"{alone.outcome} · {shared.outcome}",
+            "peak alloc MiB alone · shared": f"{alone.step_peak_alloc_mib:.2f} · {shared.step_peak_alloc_mib:.2f}",
+            "peak reserved MiB alone · shared": f"{alone.step_peak_reserved_mib:.0f} · {shared.step_peak_reserved_mib:.0f}",
+            "steps compared": len(alone.step_peak_alloc_per_step_mib),
+            "identical": "yes" if same else "no",
+            "s / step alone · shared": f"{_number(alone.steady_step_time_sec, '.2f')} · {_number(shared.steady_step_time_sec, '.2f')}",
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def sharing_reading(check: pd.DataFrame) -> str:
+    """The shared-GPU check in one sentence, from its table."""
+    if check.empty:
+        return "No shared-GPU check has been committed yet."
+    same = int((check["identical"] == "yes").sum())
+    verdict = "the same outcome and the same peaks to the byte, step by step," if same == len(check) else (
+        f"the same outcome and peaks for only {same} of them,")  # fmt: skip
+    return (f"{len(check)} probes run again on a shared GPU, beside other probes, gave {verdict} as on a GPU they "
+            "had alone; their step times did not stay the same.")

@@ -196,7 +196,7 @@ _CELL_COLUMNS = [
     "seed", "preset",
     "outcome", "oom_message", "oom_where", "pre_oom_alloc_mib", "pre_oom_reserved_mib",
     "step_peak_alloc_mib", "step_peak_reserved_mib", "steady_step_time_sec", "samples_per_sec",
-    "backend_entry_point_calls",
+    "backend_entry_point_calls", "gpu_share_gib",
 ]  # fmt: skip
 
 

@@ -265,7 +265,13 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
     result_path.unlink(missing_ok=True)  # a stale crash marker must not pass for this run's result
     started = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
-        completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+            completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            if completed.returncode == 0 or attempt == KERNEL_START_ATTEMPTS or not _kernel_never_started(log_path):
+                break
+            log.write(f"\nharness-sweep: the kernel died before it started (attempt {attempt}); starting the cell again\n")
+            log.flush()
+            time.sleep(attempt)
     seconds = time.perf_counter() - started
     try:
         result = load_result(result_path)
@@ -283,6 +289,17 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
         return CellRun(plan, "crashed", seconds, gpu or "-", f"exit {completed.returncode}; log {log_path}")
     _publish_notebook(running_path, notebook_path, f"{plan.title} — {result.outcome}")
     return CellRun(plan, result.outcome, seconds, gpu or "-", result.oom_message or "", describe_phases(result))
+
+
+# Seen once with a dozen cells starting at the same moment: a kernel that dies before it answers
+# papermill has run no cell code, so it measured nothing and the cell simply starts again.
+KERNEL_START_FAILURES = ("Kernel died before replying to kernel_info", "Kernel didn't respond in")
+KERNEL_START_ATTEMPTS = 3
+
+
+def _kernel_never_started(log_path: Path) -> bool:
+    tail = "".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-20:])
+    return any(marker in tail for marker in KERNEL_START_FAILURES)
 
 
 def describe_phases(result: CellResult) -> str:

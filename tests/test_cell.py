@@ -144,3 +144,37 @@ def test_auto_picks_the_device_and_preset_the_machine_can_run():
     assert resolve_auto("auto", "auto") == expected
     assert resolve_auto("cpu", "auto") == ("cpu", "tiny")
     assert resolve_auto("cpu", "full") == ("cpu", "full")  # explicit choices are kept
+
+
+# PyTorch's message for an OOM under a 43.75 GiB cap on a shared H200, as a committed probe recorded it
+CAP_OOM = (
+    "CUDA out of memory. Tried to allocate 486.00 MiB. GPU 0 has a total capacity of 139.80 GiB of which 15.17 GiB "
+    "is free. Including non-PyTorch memory, this process has 44.47 GiB memory in use. 43.75 GiB allowed; Of the "
+    "allocated memory 41.17 GiB is allocated by PyTorch, and 2.56 GiB is reserved by PyTorch but unallocated."
+)
+# the same request refused by the device while the process was far below its cap
+DEVICE_OOM = CAP_OOM.replace("15.17 GiB is free", "100.00 MiB is free").replace("41.17 GiB is allocated", "20.00 GiB is allocated")
+
+
+def test_an_oom_is_the_cards_only_when_the_cap_refused_it():
+    from harness.cards import device_ran_out
+
+    cap = int(43.75 * 1024**3)
+    assert not device_ran_out(CAP_OOM, cap)  # 41.17 + 2.56 + 0.47 GiB passes the cap: the card's OOM
+    assert device_ran_out(DEVICE_OOM, cap)  # 20 + 2.56 + 0.47 GiB is within it, but the device had 100 MiB
+    assert not device_ran_out(DEVICE_OOM, None)  # uncapped: the device is the card
+    assert not device_ran_out(OOM_MESSAGE, cap)  # a message without the allocator's accounting counts as the cap's
+
+
+def test_a_capped_cell_that_the_device_starved_measures_nothing(tmp_path, monkeypatch):
+    import toy_stack
+
+    from harness import cell
+
+    monkeypatch.setattr(cell.cards, "apply_card", lambda profile, device: int(43.75 * 1024**3))
+    monkeypatch.setattr(toy_stack, "OOM_MESSAGE", DEVICE_OOM)
+    with pytest.raises(cell.DeviceOutOfMemory, match="another process was using the GPU"):
+        run_cell(params(tmp_path), ToyStack(oom_in_head_at_step=1))
+    assert not (tmp_path / "cell.json").exists()
+    monkeypatch.setattr(toy_stack, "OOM_MESSAGE", CAP_OOM)
+    assert run_cell(params(tmp_path), ToyStack(oom_in_head_at_step=1)).outcome == "oom"

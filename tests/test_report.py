@@ -116,3 +116,26 @@ def test_op_level_cells_give_a_speed_table_and_a_speedup_plot(tmp_path):
     assert all(table["held + bwd spike MiB"] != "")
     figure = report.plot_op_speedup(report.op_level(cells, calls), "op")
     assert len(figure.axes[0].lines) == 2  # the lik speedup line and the 1× reference
+
+
+def test_the_shared_gpu_check_sets_each_probe_beside_its_run_alone(tmp_path):
+    per_step = dict(step_peak_alloc_per_step_mib=[90.0, 100.0], step_peak_reserved_per_step_mib=[120.0, 130.0])
+    folder = Path("ceilings") / "colpali" / "plain"
+    for name, shared_reserved in (("same.json", 130.0), ("moved.json", 132.0)):
+        write_result(make_result(**per_step, step_times_sec=[0.5, 0.25, 0.25]), tmp_path / folder / name)
+        shared = make_result(**{**per_step, "step_peak_reserved_per_step_mib": [120.0, shared_reserved]},
+                             step_peak_reserved_mib=shared_reserved, step_times_sec=[0.9, 0.75, 0.75],
+                             gpu_share_gib=24.96)  # fmt: skip
+        write_result(shared, tmp_path / report.SHARED_CHECK / folder / name)
+    write_result(make_result(), tmp_path / report.SHARED_CHECK / folder / "no-twin.json")  # nothing to compare: left out
+    check = report.sharing_check(tmp_path).set_index("probe")
+    assert list(check.index) == ["moved", "same"]
+    assert check.loc["same", "identical"] == "yes" and check.loc["moved", "identical"] == "no"
+    assert check.loc["moved", "peak reserved MiB alone · shared"] == "130 · 132"
+    assert check.loc["same", "GiB given on the shared GPU"] == "24.96"
+    assert check.loc["same", "steps compared"] == 2
+    assert report.sharing_reading(check.reset_index()).startswith("2 probes run again on a shared GPU, beside other probes, "
+                                                                  "gave the same outcome and peaks for only 1 of them,")  # fmt: skip
+    assert report.sharing_reading(report.sharing_check(tmp_path / "nothing")) == "No shared-GPU check has been committed yet."
+    cells, _ = report.load(tmp_path)  # the check's results are not cells of any stack page
+    assert cells.empty

@@ -190,3 +190,29 @@ def test_the_progress_line_says_where_a_cells_time_went():
                         phase_sec={"device": 2.6, "build": 40.1, "train": 86.0, "replay": 0.2})  # fmt: skip
     assert sweep.describe_phases(result) == "wait 31s · device 3s · build 40s · train 86s"  # under half a second: left out
     assert sweep.describe_phases(result.model_copy(update={"gpu_wait_sec": None, "phase_sec": {}})) == ""
+
+
+def test_a_kernel_that_dies_before_it_starts_is_started_again(tmp_path, dying_notebook, monkeypatch):
+    plans = sweep.load_grid(write_grid(tmp_path, dying_notebook, [2]))
+    real_run, starts = subprocess.run, []
+
+    def flaky_start(command, stdout, **kwargs):
+        starts.append(command)
+        if len(starts) == 1:  # what papermill prints when the kernel dies before kernel_info
+            stdout.write("RuntimeError: Kernel died before replying to kernel_info\n")
+            stdout.flush()
+            return subprocess.CompletedProcess(command, 1)
+        return real_run(command, stdout=stdout, **kwargs)
+
+    monkeypatch.setattr(sweep.subprocess, "run", flaky_start)
+    (run,) = sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", echo=lambda line: None)
+    assert run.outcome == "ok" and len(starts) == 2
+    assert "starting the cell again" in plans[0].log_path(tmp_path / "results").read_text()
+
+
+def test_a_kernel_that_dies_while_running_is_not_started_again(tmp_path, dying_notebook, monkeypatch):
+    plans = sweep.load_grid(write_grid(tmp_path, dying_notebook, [3]))
+    real_run, starts = subprocess.run, []
+    monkeypatch.setattr(sweep.subprocess, "run", lambda command, **kwargs: starts.append(command) or real_run(command, **kwargs))
+    (run,) = sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", echo=lambda line: None)
+    assert run.outcome == "crashed" and len(starts) == 1  # it died in a cell: a real crash, recorded once
