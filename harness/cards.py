@@ -71,32 +71,41 @@ def apply_card(profile: CardProfile, device: torch.device) -> int | None:
     return profile.usable_bytes
 
 
-_SIZE = r"([\d.]+) (B|KiB|MiB|GiB|TiB)"
-_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+# PyTorch's format_size: "512 bytes", "1.41 MiB", "2.00 GiB" (never "B" or "TiB")
+_SIZE = r"([\d.]+) (bytes|KiB|MiB|GiB)"
+_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 _REQUEST = re.compile(rf"Tried to allocate {_SIZE}")
 _FREE = re.compile(rf"has a total capacity of {_SIZE} of which {_SIZE} is free")
-_HELD = re.compile(rf"Of the allocated memory {_SIZE} is allocated by PyTorch, and {_SIZE} is reserved by PyTorch but unallocated")
-# the allocator rounds a request up (to 2 MiB, or 20 MiB for mid-sized ones) before it checks the cap
+_HELD = re.compile(
+    rf"Of the allocated memory {_SIZE} is allocated by PyTorch, "
+    rf"(?:with {_SIZE} allocated in private pools \(e\.g\., CUDA Graphs\), )?"
+    rf"and {_SIZE} is reserved by PyTorch but unallocated"
+)
+# the cap check and the request compare rounded block sizes; leave room for rounding either way
 ROUNDING_SLACK_BYTES = 64 << 20
 
 
-def device_ran_out(message: str, cap_bytes: int | None) -> bool:
-    """Whether an out-of-memory error under a card cap came from the device itself, not the cap:
-    the device had less free than the request although the cap still allowed it. That can only
-    happen when another process used the GPU, and such an OOM says nothing about the card.
+def oom_cause(message: str, cap_bytes: int | None) -> str | None:
+    """What refused an out-of-memory request under a card cap: "cap", "device", or None when the
+    message does not say (no cap: always "cap", the device being the card).
 
     Read from PyTorch's message: "Tried to allocate R. GPU 0 has a total capacity of T of which F is
     free. … Of the allocated memory A is allocated by PyTorch, and U is reserved by PyTorch but
-    unallocated." The cap refused it when A + U + R passes the cap; a message that does not parse
-    is taken as the cap's.
+    unallocated." The cap refused it when A + U + R passes the cap. The device refused it when it
+    had less than R free while the cap still allowed it; that can only happen when another process
+    used the GPU, and such an OOM says nothing about the card.
     """
+    if cap_bytes is None:
+        return "cap"
     request, free, held = _REQUEST.search(message), _FREE.search(message), _HELD.search(message)
-    if cap_bytes is None or not (request and free and held):
-        return False
+    if not (request and free and held):
+        return None
 
     def size(number: str, unit: str) -> float:
         return float(number) * _UNITS[unit]
 
     requested = size(*request.groups())
-    reserved = size(*held.groups()[:2]) + size(*held.groups()[2:])
-    return size(*free.groups()[2:]) < requested and reserved + requested + ROUNDING_SLACK_BYTES < cap_bytes
+    reserved = size(*held.groups()[:2]) + size(*held.groups()[-2:])
+    if size(*free.groups()[2:]) < requested and reserved + requested + ROUNDING_SLACK_BYTES < cap_bytes:
+        return "device"
+    return "cap"

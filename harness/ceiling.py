@@ -263,8 +263,17 @@ def run_search(search: CeilingSearch, results_dir: Path, notebooks_dir: Path, gp
         if status(plan, results_dir) == "crashed":
             rerun.add(plan.cell_id)
         run = run_one(plan, results_dir, notebooks_dir, gpu, gate)
+        if run.outcome == "crashed" and gate is not None and gate.share_gib is not None and starved(plan, results_dir):
+            echo(f"  {plan.cell_id}: the device, not the card's cap, ran out beside other probes; running it alone")
+            run = run_one(plan, results_dir, notebooks_dir, gpu, dataclasses.replace(gate, share_gib=None))
         where = f" on GPU {gpu}" if gpu is not None else ""
         echo(f"  {plan.cell_id}: {run.outcome} in {run.seconds:.0f}s{where}" + (f" ({run.phases})" if run.phases else ""))
+
+
+def starved(plan: CellPlan, results_dir: Path) -> bool:
+    """Whether a crashed probe died of :class:`harness.cell.DeviceOutOfMemory` (its log says so)."""
+    log = plan.log_path(results_dir)
+    return log.exists() and "DeviceOutOfMemory" in log.read_text(encoding="utf-8", errors="replace")
 
 
 def describe(search: CeilingSearch, ceiling: Ceiling) -> str:
@@ -340,8 +349,14 @@ def share_budgets(spec: str, gpus: Sequence[str] | None) -> dict[str | None, flo
             raise ValueError(f"--share-gpu takes GiB or nothing, got {spec!r}") from None
         if budget <= 0:
             raise ValueError(f"--share-gpu must be positive, got {spec!r}")
-        return dict.fromkeys(slots, budget)
-    return {slot: gpu_gate.free_memory_gib(cell_environment(slot, os.environ)["CUDA_VISIBLE_DEVICES"]) - 1.0 for slot in slots}
+        budgets = dict.fromkeys(slots, budget)
+    else:
+        budgets = {slot: gpu_gate.free_memory_gib(cell_environment(slot, os.environ)["CUDA_VISIBLE_DEVICES"]) - 1.0 for slot in slots}
+    for slot, budget in budgets.items():
+        if budget <= gpu_gate.CONTEXT_MARGIN_GIB:
+            raise ValueError(f"GPU {slot or 'default'} has {budget:.1f} GiB to share, too little for any capped probe; "
+                             "is another process using it?")  # fmt: skip
+    return budgets
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -168,7 +168,9 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
                     built.trainer.train()
         except torch.OutOfMemoryError as error:
             outcome, oom_message = "oom", first_line(error)
-            device_oom = cards.device_ran_out(str(error), card_cap)
+            # on a shared GPU an OOM the message cannot attribute is not taken for the card's
+            cause = cards.oom_cause(str(error), card_cap)
+            device_oom = cause == "device" or (cause is None and gpu_gate.share_gib() is not None)
             oom_where = "maxsim" if recorder.calls and recorder.calls[-1].oom_in_forward else "elsewhere"
             error.__traceback__ = None  # frames of the failed step pin its tensors
             del error
@@ -180,8 +182,9 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
 
     if device_oom:
         raise DeviceOutOfMemory(
-            f"the device itself ran out of memory below the {params.card} cap, so this run says nothing about "
-            f"that card: another process was using the GPU. Run it again with the GPU to itself. ({oom_message})"
+            f"the device, not the {params.card} cap, refused memory (or the message does not say which, on a shared "
+            f"GPU), so this run says nothing about that card: another process was using the GPU. Run it again with "
+            f"the GPU to itself. ({oom_message})"
         )
     entry_point_calls = counters[params.variant].calls if params.variant in counters else None
     check_backend_ran(params.variant, counters, sum(not call.oom_in_forward for call in recorder.calls))

@@ -20,7 +20,8 @@ they asked, so a large cell is not starved by a stream of small ones.
 The gate is a folder beside the lock file holding one small file per waiting or admitted process,
 each kept locked (``flock``) by its owner for the owner's lifetime. The kernel drops those locks
 when a process ends, however it ends, so a file nobody holds locked belongs to a process that has
-gone and is removed. Every look at the folder happens under the lock file itself.
+gone and is removed. Every look at the folder happens under the lock file itself. The gate needs a local file system
+(``flock``); it lives in the temporary directory.
 """
 
 from __future__ import annotations
@@ -55,26 +56,30 @@ def hold(cap_gib: float | None = None) -> float:
     path = os.environ.get(LOCK_VARIABLE)
     if not path or _held is not None:
         return 0.0
-    need = share_needed(cap_gib, share_budget())
+    budget = share_budget()
+    need = share_needed(cap_gib, budget)
     gate = Path(path)
     entries = gate.with_name(gate.name + ".d")
     entries.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    tag = f"{time.time_ns():020d}-{os.getpid()}"
+    tag = f"{time.monotonic_ns():020d}-{os.getpid()}"  # CLOCK_MONOTONIC: one clock for the whole host
+    waiting = entries / f"wait-{tag}"
     with _locked(gate):
-        ticket = _enter(entries / f"wait-{tag}", "")
-    while True:
-        with _locked(gate):
-            live = _live_entries(entries)
-            queue = sorted(name for name in live if name.startswith("wait-"))
-            admitted = [text for name, text in live.items() if name.startswith("hold-")]
-            if queue[0] == f"wait-{tag}" and fits(need, admitted, share_budget()):
-                _held = _enter(entries / f"hold-{tag}", EXCLUSIVE if need is None else f"{need:.3f}")
-                ticket.close()
-                (entries / f"wait-{tag}").unlink(missing_ok=True)
-                _share_gib = need
-                return time.perf_counter() - began
-        time.sleep(POLL_SEC)
+        ticket = _enter(waiting, "")
+    try:
+        while True:
+            with _locked(gate):
+                live = _live_entries(entries, tag)
+                queue = sorted(name for name in live if name.startswith("wait-"))
+                admitted = [text for name, text in live.items() if name.startswith("hold-")]
+                if queue[0] == waiting.name and fits(need, admitted, budget):
+                    _held = _enter(entries / f"hold-{tag}", EXCLUSIVE if need is None else f"{need:.3f}")
+                    _share_gib = need
+                    return time.perf_counter() - began
+            time.sleep(POLL_SEC)
+    finally:  # admitted or interrupted: this process no longer waits, and must not hold up the queue
+        ticket.close()
+        waiting.unlink(missing_ok=True)
 
 
 def share_gib() -> float | None:
@@ -116,6 +121,17 @@ def _locked(gate: Path) -> Iterator[None]:
         yield  # closing the file releases the lock
 
 
+def _close_in_child() -> None:
+    """A forked child (a DataLoader worker, say) must not keep this process's entry alive."""
+    global _held
+    if _held is not None:
+        _held.close()
+        _held = None
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
 def _enter(path: Path, text: str) -> IO[str]:
     handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 — kept open (and locked) while it counts
     fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
@@ -124,10 +140,15 @@ def _enter(path: Path, text: str) -> IO[str]:
     return handle
 
 
-def _live_entries(entries: Path) -> dict[str, str]:
-    """Every entry whose owner still runs, by name; the others are removed."""
+def _live_entries(entries: Path, own_tag: str) -> dict[str, str]:
+    """Every entry whose owner still runs, by name; the others are removed. This process's own
+    entries are live without asking: where ``flock`` is emulated with POSIX locks (NFS), a second
+    handle of the same process would get the lock, and closing it would drop the real one."""
     live = {}
     for path in sorted(entries.iterdir()):
+        if path.name.endswith(f"-{own_tag}"):
+            live[path.name] = path.read_text(encoding="utf-8")
+            continue
         try:
             with open(path, encoding="utf-8") as handle:
                 try:

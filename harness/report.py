@@ -766,21 +766,47 @@ def sharing_check(results_dir: Path | None = None) -> pd.DataFrame:
         rows.append({
             "probe": shared_path.stem, "GiB given on the shared GPU": _number(shared.gpu_share_gib, ".2f"),
             "outcome alone · shared": f"{alone.outcome} · {shared.outcome}",
-            "peak alloc MiB alone · shared": f"{alone.step_peak_alloc_mib:.2f} · {shared.step_peak_alloc_mib:.2f}",
-            "peak reserved MiB alone · shared": f"{alone.step_peak_reserved_mib:.0f} · {shared.step_peak_reserved_mib:.0f}",
+            "peak alloc MiB alone · shared": f"{_number(alone.step_peak_alloc_mib, '.2f')} · {_number(shared.step_peak_alloc_mib, '.2f')}",
+            "peak reserved MiB alone · shared": f"{_number(alone.step_peak_reserved_mib, '.0f')} · {_number(shared.step_peak_reserved_mib, '.0f')}",
             "steps compared": len(alone.step_peak_alloc_per_step_mib),
             "identical": "yes" if same else "no",
             "s / step alone · shared": f"{_number(alone.steady_step_time_sec, '.2f')} · {_number(shared.steady_step_time_sec, '.2f')}",
+            "slowdown": None if _missing(alone.steady_step_time_sec) or _missing(shared.steady_step_time_sec)
+            else shared.steady_step_time_sec / alone.steady_step_time_sec,
         })  # fmt: skip
     return pd.DataFrame(rows)
 
 
 def sharing_reading(check: pd.DataFrame) -> str:
-    """The shared-GPU check in one sentence, from its table."""
+    """The shared-GPU check in words, from its table."""
     if check.empty:
         return "No shared-GPU check has been committed yet."
     same = int((check["identical"] == "yes").sum())
     verdict = "the same outcome and the same peaks to the byte, step by step," if same == len(check) else (
         f"the same outcome and peaks for only {same} of them,")  # fmt: skip
-    return (f"{len(check)} probes run again on a shared GPU, beside other probes, gave {verdict} as on a GPU they "
-            "had alone; their step times did not stay the same.")
+    text = f"{len(check)} probes run again on a shared GPU, beside other probes, gave {verdict} as on a GPU they had alone."
+    slowdown = check["slowdown"].dropna()
+    if not slowdown.empty:
+        text += (f" Their steady step times were {slowdown.min():.1f}× to {slowdown.max():.1f}× those they had alone, "
+                 "depending on what ran beside them.")  # fmt: skip
+    return text
+
+
+def shared_seed_agreement(probes: pd.DataFrame) -> str:
+    """For batches whose every seed ran on a shared GPU with the same shapes (PyLate's are fixed
+    lengths), whether the seeds' peaks agree to the byte — per backend, so the fused backends,
+    whose Triton kernels are chosen by timing, are checked beside whatever else ran."""
+    if probes.empty:
+        return ""
+    shared = probes[(probes["stack"] == "pylate") & probes["gpu_share_gib"].notna()]
+    keys = ["backend", "card", "allocator", "batch_size", "regime"]
+    parts = []
+    for backend, group in shared.groupby("backend"):
+        batches = [g for _, g in group.groupby(keys[1:]) if g["seed"].nunique() > 1 and (g["outcome"] == "ok").all()]
+        if batches:
+            agree = sum(g["step_peak_alloc_mib"].nunique() == 1 and g["step_peak_reserved_mib"].nunique() == 1 for g in batches)
+            parts.append(f"{backend} {agree} of {len(batches)}")
+    if not parts:
+        return ""
+    return ("PyLate batches whose seeds all trained on a shared GPU (same shapes, run at different moments beside "
+            "different neighbours) with identical allocated and reserved peaks for every seed: " + ", ".join(parts) + ".")

@@ -266,8 +266,9 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
     started = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
         for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+            attempt_starts = log.tell()
             completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-            if completed.returncode == 0 or attempt == KERNEL_START_ATTEMPTS or not _kernel_never_started(log_path):
+            if completed.returncode == 0 or attempt == KERNEL_START_ATTEMPTS or not _kernel_never_started(log_path, attempt_starts):
                 break
             log.write(f"\nharness-sweep: the kernel died before it started (attempt {attempt}); starting the cell again\n")
             log.flush()
@@ -297,9 +298,12 @@ KERNEL_START_FAILURES = ("Kernel died before replying to kernel_info", "Kernel d
 KERNEL_START_ATTEMPTS = 3
 
 
-def _kernel_never_started(log_path: Path) -> bool:
-    tail = "".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-20:])
-    return any(marker in tail for marker in KERNEL_START_FAILURES)
+def _kernel_never_started(log_path: Path, offset: int) -> bool:
+    """Whether the attempt logged from byte ``offset`` on ended with its kernel dying before it started."""
+    with open(log_path, "rb") as log:
+        log.seek(offset)
+        lines = log.read().decode("utf-8", errors="replace").splitlines()
+    return any(marker in line for line in lines[-20:] for marker in KERNEL_START_FAILURES)
 
 
 def describe_phases(result: CellResult) -> str:
@@ -420,7 +424,7 @@ def positive_int(text: str) -> int:
 def gate_path(gpu: str | None) -> Path:
     """The lock file one GPU's cells take before measuring (shared by every sweep on this host)."""
     gpu = cell_environment(gpu, os.environ)["CUDA_VISIBLE_DEVICES"]
-    return Path(tempfile.gettempdir()) / f"maxsim-gpu-{gpu}.lock"
+    return Path(tempfile.gettempdir()) / f"maxsim-gpu-{gpu}.gate"
 
 
 def summary(plans: Sequence[CellPlan], results_dir: Path, seconds: float) -> str:

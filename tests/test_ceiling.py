@@ -245,9 +245,33 @@ def test_probes_get_their_gpus_share_budget(tmp_path, monkeypatch):
         ceiling.share_budgets("half", ["0"])
     with pytest.raises(ValueError, match="positive"):
         ceiling.share_budgets("0", None)
+    with pytest.raises(ValueError, match="too little for any capped probe"):
+        ceiling.share_budgets("1.5", ["0"])
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi here
     with pytest.raises(ValueError, match="pass --share-gpu GIB"):
         ceiling.share_budgets("free", ["0"])
+
+
+def test_a_probe_the_device_starved_beside_others_runs_again_alone(tmp_path, monkeypatch):
+    runs = []
+    honest = fake_probe(700)
+
+    def run_one(plan, results_dir, notebooks_dir, gpu, gate=None):
+        runs.append((plan.batch_size, gate.share_gib))
+        if gate.share_gib is not None and plan.batch_size == 512:  # starved on the shared GPU: a crash marker
+            write_result(CellResult(stack=plan.stack, regime=plan.regime, batch_size=512, variant=plan.variant,
+                                    card=plan.card, steps=plan.steps, seed=plan.seed, outcome="crashed"),
+                         plan.result_path(results_dir))  # fmt: skip
+            plan.log_path(results_dir).write_text("harness.cell.DeviceOutOfMemory: the device, not the cap, refused memory")
+            return CellRun(plan, "crashed", 0.0, gpu or "-")
+        return honest(plan, results_dir, notebooks_dir, gpu, gate)
+
+    monkeypatch.setattr(ceiling, "run_one", run_one)
+    s = search(limit=1024)
+    gate = sweep.Gate(tmp_path / "gpu.lock", share_gib=100.0)
+    result = ceiling.run_search(s, tmp_path, tmp_path / "cells", "0", gate, echo=lambda line: None)
+    assert (result.fits, result.fails, result.stopped) == (672, 704, None)
+    assert runs[:3] == [(256, 100.0), (512, 100.0), (512, None)]  # the starved probe ran again, alone
 
 
 def test_an_unfinished_search_reads_as_its_bracket():

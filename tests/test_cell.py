@@ -157,13 +157,18 @@ DEVICE_OOM = CAP_OOM.replace("15.17 GiB is free", "100.00 MiB is free").replace(
 
 
 def test_an_oom_is_the_cards_only_when_the_cap_refused_it():
-    from harness.cards import device_ran_out
+    from harness.cards import oom_cause
 
     cap = int(43.75 * 1024**3)
-    assert not device_ran_out(CAP_OOM, cap)  # 41.17 + 2.56 + 0.47 GiB passes the cap: the card's OOM
-    assert device_ran_out(DEVICE_OOM, cap)  # 20 + 2.56 + 0.47 GiB is within it, but the device had 100 MiB
-    assert not device_ran_out(DEVICE_OOM, None)  # uncapped: the device is the card
-    assert not device_ran_out(OOM_MESSAGE, cap)  # a message without the allocator's accounting counts as the cap's
+    assert oom_cause(CAP_OOM, cap) == "cap"  # 41.17 + 2.56 + 0.47 GiB passes the cap: the card's OOM
+    assert oom_cause(DEVICE_OOM, cap) == "device"  # 20 + 2.56 + 0.47 GiB is within it, but the device had 100 MiB
+    assert oom_cause(DEVICE_OOM, None) == "cap"  # uncapped: the device is the card
+    # PyTorch prints small sizes in bytes, and CUDA-graph pools when there are any
+    starved = DEVICE_OOM.replace("100.00 MiB is free", "0 bytes is free").replace("2.56 GiB is reserved", "512 bytes is reserved")
+    assert oom_cause(starved, cap) == "device"
+    pooled = CAP_OOM.replace("by PyTorch, and", "by PyTorch, with 1.00 GiB allocated in private pools (e.g., CUDA Graphs), and")
+    assert oom_cause(pooled, cap) == "cap"
+    assert oom_cause(OOM_MESSAGE, cap) is None  # without the allocator's accounting it cannot say
 
 
 def test_a_capped_cell_that_the_device_starved_measures_nothing(tmp_path, monkeypatch):
@@ -178,3 +183,8 @@ def test_a_capped_cell_that_the_device_starved_measures_nothing(tmp_path, monkey
     assert not (tmp_path / "cell.json").exists()
     monkeypatch.setattr(toy_stack, "OOM_MESSAGE", CAP_OOM)
     assert run_cell(params(tmp_path), ToyStack(oom_in_head_at_step=1)).outcome == "oom"
+    monkeypatch.setattr(toy_stack, "OOM_MESSAGE", OOM_MESSAGE)  # a message that cannot be attributed:
+    assert run_cell(params(tmp_path), ToyStack(oom_in_head_at_step=1)).outcome == "oom"  # the card's when alone,
+    monkeypatch.setattr(cell.gpu_gate, "share_gib", lambda: 24.96)
+    with pytest.raises(cell.DeviceOutOfMemory):  # but not on a shared GPU
+        run_cell(params(tmp_path), ToyStack(oom_in_head_at_step=1))

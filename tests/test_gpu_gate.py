@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,10 +30,22 @@ def enter(env, cap, stay_sec):
     return subprocess.Popen([sys.executable, "-c", ENTER, str(cap), str(stay_sec)], env=env, stdout=subprocess.PIPE, text=True)
 
 
-def entered(process):
+def entered(process, timeout_sec=60):
     """(time it entered, seconds it waited, GiB it was given) as the process printed them."""
+    ready, _, _ = select.select([process.stdout], [], [], timeout_sec)
+    if not ready:
+        process.kill()
+        pytest.fail(f"a process did not enter the gate within {timeout_sec} s")
     when, waited, share = process.stdout.readline().split()
     return float(when), float(waited), None if share == "None" else float(share)
+
+
+def wait_for_ticket(lock, timeout_sec=60):
+    """Until some process waits in the gate (its ``wait-`` entry exists)."""
+    deadline = time.time() + timeout_sec
+    while not list(lock.with_name(lock.name + ".d").glob("wait-*")):
+        assert time.time() < deadline, "no process started waiting"
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -69,32 +83,33 @@ def test_without_a_budget_cells_enter_one_at_a_time(gate_env):
     first_in = entered(first)
     second_in = entered(enter(gate_env, 4.0, 0))
     assert first_in[2] is None and second_in[2] is None  # each had the GPU alone
-    assert second_in[1] > 1.0  # it waited for the first process to end
+    assert second_in[0] >= first_in[0] + 1.4  # it entered only once the first process had ended
     first.wait()
 
 
 def test_capped_cells_share_a_budget_and_the_next_waits_for_room(gate_env):
     env = {**gate_env, gpu_gate.SHARE_VARIABLE: str(2 * (4.0 + MARGIN))}  # room for exactly two 4 GiB caps
-    a = enter(env, 4.0, 2.0)
+    a = enter(env, 4.0, 4.0)
     a_in = entered(a)
-    b = enter(env, 4.0, 2.0)
+    b = enter(env, 4.0, 4.0)
     b_in = entered(b)
-    assert b_in[1] < 1.0 and a_in[2] == b_in[2] == pytest.approx(4.0 + MARGIN)  # in beside a at once
+    assert b_in[0] < a_in[0] + 4.0  # in beside a, while a was still inside
+    assert a_in[2] == b_in[2] == pytest.approx(4.0 + MARGIN)
     c_in = entered(enter(env, 4.0, 0))
-    assert c_in[1] > 1.0 and c_in[0] >= a_in[0] + 1.5  # the third waited until one left
+    assert c_in[0] >= a_in[0] + 3.9  # the third waited until one of them left
     a.wait(), b.wait()
 
 
 def test_an_uncapped_cell_waits_for_the_gpu_alone_and_keeps_its_place(gate_env):
     env = {**gate_env, gpu_gate.SHARE_VARIABLE: "100"}
-    small = enter(env, 4.0, 2.0)
+    small = enter(env, 4.0, 3.0)
     small_in = entered(small)
     native = enter(env, "native", 1.5)
-    time.sleep(0.5)  # the native cell asks before the late one
+    wait_for_ticket(Path(env[gpu_gate.LOCK_VARIABLE]))  # the native cell asks before the late one
     late = enter(env, 4.0, 0)
     native_in, late_in = entered(native), entered(late)
-    assert native_in[2] is None and native_in[0] >= small_in[0] + 1.5  # alone: after the small one left
-    assert late_in[0] >= native_in[0] + 1.0  # it fitted beside the small one, but came after the native cell
+    assert native_in[2] is None and native_in[0] >= small_in[0] + 2.9  # alone: after the small one left
+    assert late_in[0] >= native_in[0] + 1.4  # it fitted beside the small one, but came after the native cell
     small.wait(), native.wait()
 
 
@@ -112,3 +127,21 @@ def test_outside_a_gated_sweep_there_is_no_gate(monkeypatch):
     monkeypatch.delenv(gpu_gate.LOCK_VARIABLE, raising=False)
     assert gpu_gate.hold(22.96) == 0.0
     assert gpu_gate.share_gib() is None
+
+
+def test_a_cell_interrupted_while_waiting_leaves_the_queue(gate_env, monkeypatch):
+    holder = enter(gate_env, "native", 5)
+    entered(holder)
+    monkeypatch.setenv(gpu_gate.LOCK_VARIABLE, gate_env[gpu_gate.LOCK_VARIABLE])
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gpu_gate.time, "sleep", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_gate.hold(4.0)
+    entries = Path(gate_env[gpu_gate.LOCK_VARIABLE] + ".d")
+    assert not list(entries.glob("wait-*"))  # its ticket is gone: it holds nobody up
+    assert gpu_gate.share_gib() is None
+    holder.kill()
+    holder.wait()

@@ -122,9 +122,9 @@ def test_the_shared_gpu_check_sets_each_probe_beside_its_run_alone(tmp_path):
     per_step = dict(step_peak_alloc_per_step_mib=[90.0, 100.0], step_peak_reserved_per_step_mib=[120.0, 130.0])
     folder = Path("ceilings") / "colpali" / "plain"
     for name, shared_reserved in (("same.json", 130.0), ("moved.json", 132.0)):
-        write_result(make_result(**per_step, step_times_sec=[0.5, 0.25, 0.25]), tmp_path / folder / name)
+        write_result(make_result(**per_step, steady_step_time_sec=0.25), tmp_path / folder / name)
         shared = make_result(**{**per_step, "step_peak_reserved_per_step_mib": [120.0, shared_reserved]},
-                             step_peak_reserved_mib=shared_reserved, step_times_sec=[0.9, 0.75, 0.75],
+                             step_peak_reserved_mib=shared_reserved, steady_step_time_sec=0.75 if name == "same.json" else 0.5,
                              gpu_share_gib=24.96)  # fmt: skip
         write_result(shared, tmp_path / report.SHARED_CHECK / folder / name)
     write_result(make_result(), tmp_path / report.SHARED_CHECK / folder / "no-twin.json")  # nothing to compare: left out
@@ -134,8 +134,30 @@ def test_the_shared_gpu_check_sets_each_probe_beside_its_run_alone(tmp_path):
     assert check.loc["moved", "peak reserved MiB alone · shared"] == "130 · 132"
     assert check.loc["same", "GiB given on the shared GPU"] == "24.96"
     assert check.loc["same", "steps compared"] == 2
-    assert report.sharing_reading(check.reset_index()).startswith("2 probes run again on a shared GPU, beside other probes, "
-                                                                  "gave the same outcome and peaks for only 1 of them,")  # fmt: skip
+    assert report.sharing_reading(check.reset_index()) == (
+        "2 probes run again on a shared GPU, beside other probes, gave the same outcome and peaks for only 1 of them, "
+        "as on a GPU they had alone. Their steady step times were 2.0× to 3.0× those they had alone, depending on "
+        "what ran beside them.")  # fmt: skip
     assert report.sharing_reading(report.sharing_check(tmp_path / "nothing")) == "No shared-GPU check has been committed yet."
     cells, _ = report.load(tmp_path)  # the check's results are not cells of any stack page
     assert cells.empty
+
+
+def test_seeds_of_a_batch_run_beside_others_are_compared_per_backend():
+    import pandas as pd
+
+    def probe(backend, seed, alloc, shared=24.96, batch=352, outcome="ok"):
+        return {"stack": "pylate", "regime": "grad-checkpoint", "backend": backend, "card": "rtx4090-24gb",
+                "allocator": "default", "batch_size": batch, "seed": seed, "outcome": outcome, "gpu_share_gib": shared,
+                "step_peak_alloc_mib": alloc, "step_peak_reserved_mib": 22408.0}  # fmt: skip
+
+    probes = pd.DataFrame([
+        probe("lik", 42, 21526.9), probe("lik", 43, 21526.9), probe("lik", 44, 21526.9),
+        probe("flash", 42, 21526.1), probe("flash", 43, 21526.2),  # a byte apart: they disagree
+        probe("vanilla", 42, 1.0, shared=None), probe("vanilla", 43, 1.0, shared=None),  # alone: not this comparison
+        probe("lik", 42, 1.0, batch=384, outcome="oom"), probe("lik", 43, 1.0, batch=384),  # not every seed trained
+    ])  # fmt: skip
+    assert report.shared_seed_agreement(probes) == (
+        "PyLate batches whose seeds all trained on a shared GPU (same shapes, run at different moments beside "
+        "different neighbours) with identical allocated and reserved peaks for every seed: flash 0 of 1, lik 1 of 1.")
+    assert report.shared_seed_agreement(probes.iloc[5:7]) == ""

@@ -89,7 +89,7 @@ def test_two_cells_per_gpu_start_together_and_measure_one_at_a_time(tmp_path, dy
     waits = sorted(load_result(p.result_path(tmp_path / "results")).gpu_wait_sec for p in plans)
     assert waits[0] < 0.5 < waits[1]
     monkeypatch.undo()
-    assert sweep.gate_path("7").name == "maxsim-gpu-7.lock"
+    assert sweep.gate_path("7").name == "maxsim-gpu-7.gate"
     with pytest.raises(ValueError, match="at least 1"):
         sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", cells_per_gpu=0)
 
