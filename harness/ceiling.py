@@ -41,8 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from harness import gpu_gate
 from harness.results import load_result
 from harness.sweep import (
-    ROOT, CellPlan, Gate, GridError, build_grid, cell_environment, check_plan, positive_int, run_on_gpus,
-    run_one, status, visible_gpus,
+    ROOT, CellPlan, Gate, GridError, build_grid, cell_environment, check_plan, log_tail, positive_int,
+    run_on_gpus, run_one, status, visible_gpus,
 )  # fmt: skip
 
 MIN_STEPS = 8
@@ -273,7 +273,7 @@ def run_search(search: CeilingSearch, results_dir: Path, notebooks_dir: Path, gp
 def starved(plan: CellPlan, results_dir: Path) -> bool:
     """Whether a crashed probe died of :class:`harness.cell.DeviceOutOfMemory` (its log says so)."""
     log = plan.log_path(results_dir)
-    return log.exists() and "DeviceOutOfMemory" in log.read_text(encoding="utf-8", errors="replace")
+    return log.exists() and "DeviceOutOfMemory" in log_tail(log)
 
 
 def describe(search: CeilingSearch, ceiling: Ceiling) -> str:
@@ -343,13 +343,7 @@ def share_budgets(spec: str, gpus: Sequence[str] | None) -> dict[str | None, flo
     """``--share-gpu``'s budget per GPU: ``free`` (nvidia-smi's free memory less 1 GiB) or GiB for each."""
     slots: list[str | None] = list(gpus) if gpus else [None]
     if spec != "free":
-        try:
-            budget = float(spec)
-        except ValueError:
-            raise ValueError(f"--share-gpu takes GiB or nothing, got {spec!r}") from None
-        if budget <= 0:
-            raise ValueError(f"--share-gpu must be positive, got {spec!r}")
-        budgets = dict.fromkeys(slots, budget)
+        budgets = dict.fromkeys(slots, gpu_gate.parse_budget(spec, "--share-gpu takes GiB or nothing"))
     else:
         budgets = {slot: gpu_gate.free_memory_gib(cell_environment(slot, os.environ)["CUDA_VISIBLE_DEVICES"]) - 1.0 for slot in slots}
     for slot, budget in budgets.items():

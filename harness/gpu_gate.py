@@ -88,15 +88,19 @@ def share_gib() -> float | None:
 
 
 def share_budget() -> float | None:
+    """The share budget the sweep set for this process's GPU (``MAXSIM_GPU_SHARE_GIB``); None: none."""
     text = os.environ.get(SHARE_VARIABLE)
-    if not text:
-        return None
+    return parse_budget(text, f"{SHARE_VARIABLE} must be the GPU's memory in GiB, e.g. 139.5") if text else None
+
+
+def parse_budget(text: str, usage: str) -> float:
+    """A share budget in GiB from ``text``; ValueError saying ``usage`` if it is not a positive number."""
     try:
         budget = float(text)
     except ValueError:
-        raise ValueError(f"{SHARE_VARIABLE}={text!r} must be the GPU's memory in GiB, e.g. 139.5") from None
+        raise ValueError(f"{usage}, got {text!r}") from None
     if budget <= 0:
-        raise ValueError(f"{SHARE_VARIABLE}={text!r} must be positive")
+        raise ValueError(f"{usage}; it must be positive, got {text!r}")
     return budget
 
 

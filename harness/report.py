@@ -792,6 +792,15 @@ def sharing_reading(check: pd.DataFrame) -> str:
     return text
 
 
+def shared_probe_count(probes: pd.DataFrame) -> str:
+    """How many committed probes ran under ``--share-gpu``, in words."""
+    if probes.empty:
+        return ""
+    shared = int(probes["gpu_share_gib"].notna().sum())
+    return (f"{shared} of the {len(probes)} committed probes were run under `--share-gpu`, beside whatever "
+            "else fitted at the time; the others had the GPU alone.")
+
+
 def shared_seed_agreement(probes: pd.DataFrame) -> str:
     """For batches whose every seed ran on a shared GPU with the same shapes (PyLate's are fixed
     lengths), whether the seeds' peaks agree to the byte — per backend, so the fused backends,

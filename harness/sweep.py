@@ -279,7 +279,7 @@ def run_one(plan: CellPlan, results_dir: Path, notebooks_dir: Path, gpu: str | N
     except ResultError:
         result = None
     if result is None or completed.returncode != 0 and result.outcome == "ok":
-        tail = "".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)[-40:])
+        tail = log_tail(log_path, lines=40)
         marker = CellResult(
             stack=plan.stack, regime=plan.regime, batch_size=plan.batch_size, variant=plan.variant,
             score_mini_batch_size=plan.score_mini_batch_size, card=plan.card, allocator=plan.allocator, steps=plan.steps, seed=plan.seed,
@@ -300,10 +300,16 @@ KERNEL_START_ATTEMPTS = 3
 
 def _kernel_never_started(log_path: Path, offset: int) -> bool:
     """Whether the attempt logged from byte ``offset`` on ended with its kernel dying before it started."""
+    tail = log_tail(log_path, lines=20, offset=offset)
+    return any(marker in tail for marker in KERNEL_START_FAILURES)
+
+
+def log_tail(log_path: Path, lines: int | None = None, offset: int = 0) -> str:
+    """A cell log's last ``lines`` lines (all of them: None), read from byte ``offset`` on."""
     with open(log_path, "rb") as log:
         log.seek(offset)
-        lines = log.read().decode("utf-8", errors="replace").splitlines()
-    return any(marker in line for line in lines[-20:] for marker in KERNEL_START_FAILURES)
+        text = log.read().decode("utf-8", errors="replace")
+    return text if lines is None else "".join(text.splitlines(keepends=True)[-lines:])
 
 
 def describe_phases(result: CellResult) -> str:

@@ -161,3 +161,4 @@ def test_seeds_of_a_batch_run_beside_others_are_compared_per_backend():
         "PyLate batches whose seeds all trained on a shared GPU (same shapes, run at different moments beside "
         "different neighbours) with identical allocated and reserved peaks for every seed: flash 0 of 1, lik 1 of 1.")
     assert report.shared_seed_agreement(probes.iloc[5:7]) == ""
+    assert report.shared_probe_count(probes).startswith("7 of the 9 committed probes were run under `--share-gpu`")
