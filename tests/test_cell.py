@@ -188,3 +188,26 @@ def test_a_capped_cell_that_the_device_starved_measures_nothing(tmp_path, monkey
     monkeypatch.setattr(cell.gpu_gate, "share_gib", lambda: 24.96)
     with pytest.raises(cell.DeviceOutOfMemory):  # but not on a shared GPU
         run_cell(params(tmp_path), ToyStack(oom_in_head_at_step=1))
+
+
+def test_a_cell_leaves_nothing_in_the_temporary_directory(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    script = (
+        "import sys\n"
+        "from harness.cell import CellParams, run_cell\n"
+        "from toy_stack import ToyStack\n"
+        "params = CellParams(stack='toy', regime='plain', batch_size=4, steps=2, preset='tiny', device='cpu', output=sys.argv[1])\n"
+        "result = run_cell(params, ToyStack())\n"
+        "assert result.outcome == 'ok', result.outcome\n"
+    )
+    tests = str(Path(__file__).parent)
+    env = os.environ | {"TMPDIR": str(scratch), "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "cell.json")], env=env, check=True, timeout=300)
+    assert load_result(tmp_path / "cell.json").outcome == "ok"
+    assert sorted(os.listdir(scratch)) == []  # the trainer's output_dir went with the process

@@ -8,14 +8,13 @@ given step, to exercise OOM-as-outcome without a GPU.
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 
 import torch
 from torch import nn
 from transformers import Trainer, TrainingArguments
 
 from harness.ops import ColpaliInBatchMaxSim
-from harness.stacks import BuiltCell
+from harness.stacks import BuiltCell, scratch_output_dir
 
 QUERY_LENGTH, DOC_LENGTH, DIM, VOCAB = 6, 20, 16, 50
 OOM_MESSAGE = (
@@ -98,7 +97,7 @@ class ToyStack:
         encoder.oom_at_step = self.oom_in_encoder_at_step
         head.oom_at_step = self.oom_in_head_at_step
         args = TrainingArguments(
-            output_dir=tempfile.mkdtemp(prefix="toy-trainer-"),
+            output_dir=scratch_output_dir("toy-trainer-"),
             max_steps=params.steps,
             per_device_train_batch_size=params.batch_size,
             learning_rate=1e-3,

@@ -8,6 +8,7 @@ exposes ``STACK``, an object with the :class:`Stack` interface.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 import tempfile
@@ -79,11 +80,23 @@ def check_cell(stack: str, regimes: tuple[str, ...], regime: str, score_mini_bat
         raise ValueError(f"score_mini_batch_size is PyLate's chunking; the {stack} stack has no such option.")
 
 
+@functools.cache
+def _scratch() -> tempfile.TemporaryDirectory[str]:
+    return tempfile.TemporaryDirectory(prefix="maxsim-trainers-")
+
+
+def scratch_output_dir(prefix: str) -> str:
+    """A fresh folder for a trainer's ``output_dir``, which the trainer creates though a measured
+    cell saves nothing there. All of a process's such folders live in one temporary folder that is
+    removed when the process exits, so cells leave nothing behind in the temporary directory."""
+    return tempfile.mkdtemp(prefix=prefix, dir=_scratch().name)
+
+
 def measurement_arguments(params: "CellParams", device: torch.device) -> dict[str, Any]:
     """TrainingArguments every measured cell shares, whatever its recipe: the cell's batch and steps,
     no warm-up, seed = data_seed, and nothing saved, evaluated, logged or reported."""
     return dict(
-        output_dir=tempfile.mkdtemp(prefix=f"{params.stack}-cell-"),
+        output_dir=scratch_output_dir(f"{params.stack}-cell-"),
         per_device_train_batch_size=params.batch_size,
         max_steps=params.steps,
         warmup_steps=0,
