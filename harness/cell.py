@@ -174,18 +174,18 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
             oom_where = "maxsim" if recorder.calls and recorder.calls[-1].oom_in_forward else "elsewhere"
             error.__traceback__ = None  # frames of the failed step pin its tensors
             del error
+        if device_oom:  # raised before the replays: nothing of this run is kept
+            raise DeviceOutOfMemory(
+                f"the device, not the {params.card} cap, refused memory (or the message does not say which, on a "
+                f"shared GPU), so this run says nothing about that card: another process was using the GPU. Run it "
+                f"again with the GPU to itself. ({oom_message})"
+            )
         ledger.fold()
         built = None
         gc.collect()
         with timed(phases, "replay"):
             isolated = replay_shapes(stack.op, recorder.shapes, params.variant, probe, seed=params.seed)
 
-    if device_oom:
-        raise DeviceOutOfMemory(
-            f"the device, not the {params.card} cap, refused memory (or the message does not say which, on a shared "
-            f"GPU), so this run says nothing about that card: another process was using the GPU. Run it again with "
-            f"the GPU to itself. ({oom_message})"
-        )
     entry_point_calls = counters[params.variant].calls if params.variant in counters else None
     check_backend_ran(params.variant, counters, sum(not call.oom_in_forward for call in recorder.calls))
     steady, steady_time = steady_state(timer.step_times_sec, timer.autotune_steps, params.warmup_steps)

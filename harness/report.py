@@ -193,6 +193,14 @@ def step_time_table(cells: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _matching(frame: pd.DataFrame, **values: object) -> pd.DataFrame:
+    """The rows of ``frame`` whose columns equal ``values`` (column=value for each)."""
+    keep = np.ones(len(frame), dtype=bool)
+    for column, value in values.items():
+        keep &= (frame[column] == value).to_numpy()
+    return frame[keep]
+
+
 def _missing(value: object) -> bool:
     return value is None or bool(pd.isna(value))
 
@@ -317,8 +325,7 @@ def headline(cells: pd.DataFrame, stack: str, regime: str, batch: int, backend: 
     """One measured cell in words, for the introduction: its step peak, or the request it died on."""
     if cells.empty:
         return "not measured yet"
-    row = cells[(cells["stack"] == stack) & (cells["regime"] == regime) & (cells["batch_size"] == batch)
-                & (cells["backend"] == backend) & (cells["card"] == card) & (cells["allocator"] == "default")]  # fmt: skip
+    row = _matching(cells, stack=stack, regime=regime, batch_size=batch, backend=backend, card=card, allocator="default")
     if row.empty:
         return "not measured yet"
     return _our_text(row.iloc[0])
@@ -327,12 +334,10 @@ def headline(cells: pd.DataFrame, stack: str, regime: str, batch: int, backend: 
 def _probes(results_dir: Path | None, stack: str, regime: str, batch: int, backend: str, card: str,
             allocator: str) -> pd.DataFrame:  # fmt: skip
     """The committed ceiling probes of one batch (every seed run), sorted by seed."""
-    root = Path(results_dir or default_results_dir())
-    if not (root / "ceilings").exists():
-        return pd.DataFrame()
-    probes = with_backend(load_results(root / "ceilings"))
-    chosen = probes[(probes["stack"] == stack) & (probes["regime"] == regime) & (probes["batch_size"] == batch)
-                    & (probes["backend"] == backend) & (probes["card"] == card) & (probes["allocator"] == allocator)]  # fmt: skip
+    probes = ceiling_probes(results_dir)
+    if probes.empty:
+        return probes
+    chosen = _matching(probes, stack=stack, regime=regime, batch_size=batch, backend=backend, card=card, allocator=allocator)
     return chosen.sort_values("seed")
 
 
@@ -631,8 +636,7 @@ def ceiling_row(searches: pd.DataFrame, stack: str, regime: str, backend: str, c
     """One search's row of ``ceilings()``; None where the grid has no such search."""
     if searches.empty:
         return None
-    chosen = searches[(searches["stack"] == stack) & (searches["regime"] == regime) & (searches["backend"] == backend)
-                      & (searches["card"] == card) & (searches["allocator"] == allocator)]  # fmt: skip
+    chosen = _matching(searches, stack=stack, regime=regime, backend=backend, card=card, allocator=allocator)
     return None if chosen.empty else chosen.iloc[0]
 
 
