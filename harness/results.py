@@ -9,19 +9,28 @@ report builds anywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-SCHEMA_VERSION = 1
+from harness.spec import OpSpec, TrainSpec
+
+SCHEMA_VERSION = 2
 
 Outcome = Literal["ok", "oom", "crashed"]
+# Why a cell ended without a measurement of its own (a crash marker's ``failure``), as the
+# launcher reads it from the executed notebook, never from log text: the kernel never ran a cell,
+# the device (not the card cap) refused memory beside other cells, the notebook raised, or the
+# kernel died mid-cell.
+Failure = Literal["kernel_never_started", "device_out_of_memory", "error", "kernel_died"]
+Spec = Annotated[TrainSpec | OpSpec, Field(discriminator="kind")]
 
 
 class _Record(BaseModel):
@@ -73,25 +82,46 @@ class Environment(_Record):
     model_source: str | None = None
     data_source: str | None = None
     seed: int
-    git_commit: str | None = None
+
+
+class Provenance(_Record):
+    """Which code produced a result: enough to find it again, even from a copied tree.
+
+    ``commit``: the project commit of the checkout the cell ran from (None when the harness was not
+    run from a git checkout of this project: a copied tree names no commit rather than the commit of
+    whatever repository encloses it). ``dirty``: the checkout had uncommitted changes to tracked
+    files. ``harness_sha256`` / ``notebook_sha256``: content hashes of the ``harness`` package's
+    sources and of the notebook that ran, identical wherever the same code runs. ``lock_*``: the
+    lock file the environment was created from and its hash (None: an environment not made by
+    ``tools/envs.py``). ``migrated_from_schema``: set on results rewritten from an older schema;
+    ``commit`` is then the commit that older file recorded.
+    """
+
+    commit: str | None = None
+    dirty: bool | None = None
+    harness_sha256: str | None = None
+    notebook_sha256: str | None = None
+    environment: str | None = None
+    lock_file: str | None = None
+    lock_sha256: str | None = None
+    migrated_from_schema: int | None = None
 
 
 class CellResult(_Record):
-    """Everything measured for one cell (stack, regime, batch size, variant, ...)."""
+    """Everything measured for one cell, with the spec it ran (``spec``), its id and its grid.
 
-    schema_version: Literal[1] = SCHEMA_VERSION
-    stack: str
-    regime: str
-    batch_size: int = Field(gt=0)
-    variant: str
-    score_mini_batch_size: int | None = None
-    negatives: int | None = None  # op-level cells of heads with explicit negatives: negatives per query
-    card: str
-    allocator: str = "default"  # harness.allocator: the CUDA caching allocator regime the process ran with
-    steps: int = Field(gt=0)
-    seed: int
-    preset: str | None = None
+    ``grid`` is None for a cell run by hand (a notebook, ``harness cell``) outside any grid: such a
+    result is never part of the report. The spec's fields read through (``result.stack``,
+    ``result.batch_size``, …).
+    """
+
+    schema_version: Literal[2] = SCHEMA_VERSION
+    grid: str | None
+    cell_id: str
+    spec: Spec
+    provenance: Provenance | None = None
     outcome: Outcome
+    failure: Failure | None = None  # crash markers: why the cell has no measurement of its own
     oom_message: str | None = None
     oom_where: Literal["maxsim", "elsewhere"] | None = None
     pre_oom_alloc_mib: float | None = None
@@ -103,8 +133,8 @@ class CellResult(_Record):
     # per completed step: its own peak allocated / reserved (fragmentation = reserved - allocated)
     step_peak_alloc_per_step_mib: list[float] = Field(default_factory=list)
     step_peak_reserved_per_step_mib: list[float] = Field(default_factory=list)
-    # derived from the peaks above when a result is built or loaded (files from before they existed
-    # get them on load): reserved − allocated at the step peak, and per completed step
+    # derived from the peaks above when a result is built or loaded: reserved − allocated at the
+    # step peak, and per completed step
     fragmentation_mib: float | None = None
     fragmentation_per_step_mib: list[float] = Field(default_factory=list)
     autotune_steps: list[int] = Field(default_factory=list)
@@ -116,22 +146,44 @@ class CellResult(_Record):
     maxsim_calls_isolated: list[OpCall] = Field(default_factory=list)
     env: Environment | None = None
     wall_sec: float | None = None
-    gpu_wait_sec: float | None = None  # under harness-sweep's GPU lock: how long the cell waited for its GPU
-    # set when the cell measured beside others on a shared GPU (harness-ceiling --share-gpu): the GiB
+    gpu_wait_sec: float | None = None  # under the launcher's GPU gate: how long the cell waited for its GPU
+    # set when the cell measured beside others on a shared GPU (harness ceiling --share-gpu): the GiB
     # it was given there (card cap + context margin). Its memory is its own; its step times are not the card's.
     gpu_share_gib: float | None = None
     # where wall_sec went: "device" (context, card cap), "build" (model, data, trainer), "train"
     # (every step, up to an OOM), "replay" (the isolated replays)
     phase_sec: dict[str, float] = Field(default_factory=dict)
 
-
     @model_validator(mode="after")
-    def _derive_fragmentation(self) -> CellResult:
+    def _identity_and_fragmentation(self) -> CellResult:
+        if self.cell_id != self.spec.cell_id:
+            raise ValueError(f"cell_id {self.cell_id!r} is not its spec's id {self.spec.cell_id!r}")
         alloc, reserved = self.step_peak_alloc_mib, self.step_peak_reserved_mib
         self.fragmentation_mib = None if alloc is None or reserved is None else reserved - alloc
         pairs = zip(self.step_peak_reserved_per_step_mib, self.step_peak_alloc_per_step_mib)
         self.fragmentation_per_step_mib = [step_reserved - step_alloc for step_reserved, step_alloc in pairs]
         return self
+
+    # the spec's fields, read through: what the cell was
+    kind = property(lambda self: self.spec.kind)
+    stack = property(lambda self: self.spec.stack)
+    regime = property(lambda self: self.spec.regime)
+    batch_size = property(lambda self: self.spec.batch_size)
+    variant = property(lambda self: self.spec.variant)
+    score_mini_batch_size = property(lambda self: self.spec.score_mini_batch_size)
+    negatives = property(lambda self: self.spec.negatives)
+    card = property(lambda self: self.spec.card)
+    allocator = property(lambda self: self.spec.allocator)
+    steps = property(lambda self: self.spec.steps)
+    seed = property(lambda self: self.spec.seed)
+    preset = property(lambda self: self.spec.preset)
+
+    @classmethod
+    def crashed(cls, spec: TrainSpec | OpSpec, grid: str | None, failure: Failure, log_tail: str | None,
+                wall_sec: float, message: str | None = None) -> CellResult:  # fmt: skip
+        """The crash marker the launcher writes for a cell that ended without a result of its own."""
+        return cls(grid=grid, cell_id=spec.cell_id, spec=spec, outcome="crashed", failure=failure,
+                   oom_message=message, crash_log_tail=log_tail, wall_sec=wall_sec)  # fmt: skip
 
 
 class ResultError(ValueError):
@@ -142,7 +194,8 @@ def write_result(result: CellResult, path: str | os.PathLike[str]) -> Path:
     """Write ``result`` to ``path`` atomically: readers see the old file or the new one, never half.
 
     The JSON goes to a temporary file in the same directory, is flushed to disk, then renamed over
-    the target (``os.replace`` is atomic on POSIX within one filesystem).
+    the target (``os.replace`` is atomic on POSIX within one filesystem). The temporary file is
+    created private (0600); the result is made readable by all (0644) before the rename.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,6 +207,7 @@ def write_result(result: CellResult, path: str | os.PathLike[str]) -> Path:
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -162,14 +216,29 @@ def write_result(result: CellResult, path: str | os.PathLike[str]) -> Path:
 
 
 def load_result(path: str | os.PathLike[str]) -> CellResult:
-    """Load and validate one result file."""
+    """Load and validate one result file; :class:`ResultError` says in one line why it cannot be used."""
     path = Path(path)
     try:
-        return CellResult.model_validate_json(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ResultError(f"no result file at {path}") from None
+    except OSError as error:
+        raise ResultError(f"{path}: cannot be read ({error.strerror})") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ResultError(f"{path}: not JSON ({error.msg} at line {error.lineno}; a truncated write?)") from None
+    if not isinstance(document, dict) or "schema_version" not in document:
+        raise ResultError(f"{path}: not a cell result (no schema_version)")
+    if document["schema_version"] != SCHEMA_VERSION:
+        hint = "; run `harness migrate` to rewrite it" if document["schema_version"] == 1 else ""
+        raise ResultError(f"{path}: schema {document['schema_version']!r}, this harness reads {SCHEMA_VERSION}{hint}")
+    try:
+        return CellResult.model_validate(document)
     except ValidationError as error:
-        raise ResultError(f"{path} is not a valid cell result (schema {SCHEMA_VERSION}):\n{error}") from None
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ResultError(f"{path}: not a valid cell result ({error.error_count()} problems; first: {where}: {first['msg']})") from None
 
 
 RESULTS_DIR_VARIABLE = "MAXSIM_RESULTS_DIR"
@@ -191,10 +260,41 @@ def result_paths(root: str | os.PathLike[str]) -> list[Path]:
     return sorted(p for p in root.rglob("*.json") if not p.name.startswith("."))
 
 
+@dataclasses.dataclass(frozen=True)
+class Skipped:
+    """A file under the results that the report cannot use, and why (one line)."""
+
+    path: Path
+    reason: str
+
+
+def read_results(
+    sources: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], grids: Collection[str] | None = None
+) -> tuple[list[tuple[Path, CellResult]], list[Skipped]]:
+    """Every valid result under ``sources`` (of ``grids`` only, if given), and every file skipped
+    with its reason: unreadable, not a result, an older schema, or a cell of no known grid (a
+    notebook's or ``harness cell``'s own output)."""
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    results, skipped = [], []
+    for path in (path for source in sources for path in result_paths(source)):
+        try:
+            result = load_result(path)
+        except ResultError as error:
+            skipped.append(Skipped(path, str(error).removeprefix(f"{path}: ")))
+            continue
+        if grids is not None and result.grid not in grids:
+            skipped.append(Skipped(path, f"cell of grid {result.grid!r}, not one of the report's grids ({', '.join(sorted(grids))})"
+                                   if result.grid else "a cell run outside any grid (a notebook's or `harness cell`'s own output)"))
+            continue
+        results.append((path, result))
+    return results, skipped
+
+
 _CELL_COLUMNS = [
-    "stack", "regime", "batch_size", "variant", "score_mini_batch_size", "negatives", "card", "allocator", "steps",
-    "seed", "preset",
-    "outcome", "oom_message", "oom_where", "pre_oom_alloc_mib", "pre_oom_reserved_mib",
+    "grid", "cell_id", "kind", "stack", "regime", "batch_size", "variant", "score_mini_batch_size", "negatives", "card",
+    "allocator", "steps", "seed", "preset",
+    "outcome", "failure", "oom_message", "oom_where", "pre_oom_alloc_mib", "pre_oom_reserved_mib",
     "step_peak_alloc_mib", "step_peak_reserved_mib", "steady_step_time_sec", "samples_per_sec",
     "backend_entry_point_calls", "gpu_share_gib",
 ]  # fmt: skip
@@ -203,22 +303,29 @@ _CELL_COLUMNS = [
 def load_results(
     sources: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     level: Literal["cells", "calls"] = "cells",
+    grids: Collection[str] | None = None,
+    strict: bool = True,
 ) -> pd.DataFrame:
     """All results under ``sources`` as a DataFrame — the one loader the report uses.
 
-    ``level="cells"``: one row per cell with its scalar fields, ``fragmentation_mib``
-    (reserved − allocated at the step peak) and its growth across steps, the largest isolated op
-    total and a ``path`` column.
-    ``level="calls"``: one row per recorded MaxSim call, in train and isolated (column ``kind``),
-    with the cell's identifying fields repeated. An invalid file raises :class:`ResultError`
-    naming it: a report silently missing a cell is worse than a failed build.
+    ``level="cells"``: one row per cell with its identity (grid, cell id, the spec's fields), its
+    scalar measurements, ``fragmentation_mib`` (reserved − allocated at the step peak) and its
+    growth across steps, the largest isolated op total and a ``path`` column.
+    ``level="calls"``: one row per recorded MaxSim call, in train and isolated (column ``kind``
+    becomes ``call_kind``), with the cell's identifying fields repeated. ``strict``: a file that
+    cannot be used raises :class:`ResultError` naming it; otherwise it is left out (see
+    :func:`read_results` for the list).
     """
-    if isinstance(sources, (str, os.PathLike)):
-        sources = [sources]
-    paths = [path for source in sources for path in result_paths(source)]
+    results, skipped = read_results(sources, grids)
+    if strict and skipped:
+        raise ResultError(f"{skipped[0].path}: {skipped[0].reason}")
+    return frame_of(results, level)
+
+
+def frame_of(results: Iterable[tuple[Path, CellResult]], level: Literal["cells", "calls"] = "cells") -> pd.DataFrame:
+    """Results as a DataFrame (see :func:`load_results`)."""
     rows: list[dict[str, object]] = []
-    for path in paths:
-        result = load_result(path)
+    for path, result in results:
         cell = {column: getattr(result, column) for column in _CELL_COLUMNS}
         cell["path"] = str(path)
         if level == "cells":
@@ -226,7 +333,7 @@ def load_results(
             continue
         for kind, calls in (("in_train", result.maxsim_calls_in_train), ("isolated", result.maxsim_calls_isolated)):
             for call in calls:
-                rows.append(cell | {"kind": kind} | call.model_dump())
+                rows.append(cell | {"call_kind": kind} | call.model_dump())
     frame = pd.DataFrame(rows)
     if frame.empty:
         frame = pd.DataFrame(columns=_CELL_COLUMNS + ["path"])

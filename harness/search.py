@@ -1,0 +1,287 @@
+"""Batch-size ceilings as data: what a search is, and where it stands, read from its probes' results.
+
+A ceiling answers "how large a batch can I train on my card with this backend", which a fixed grid
+cannot: whether a batch fits can hang on the allocator's fragmentation, so it is decided by running
+it. One search is a (stack, regime, variant[, chunk], card, allocator) and a list of seeds. Its
+probes are ordinary training cells (grid ``ceilings``) of ``steps`` ≥ 8 real optimizer steps. A
+batch *fits* when every seed trains all its steps without running out of memory.
+
+The search runs on the first seed: it doubles from ``start`` until a batch does not fit (halving
+instead if ``start`` already does not) — or, given a ``step``, gallops from ``start`` by
+``step``, 2·``step``, 4·``step``… (a start that is already a good estimate brackets the ceiling in
+two probes) — then bisects between the largest batch that fits and the smallest that does not, in
+multiples of ``resolution``, until they are ``resolution`` apart. The batch it ends on is then run
+with every other seed; if one runs out of memory, that batch fails and the search goes on below
+it. Every decision is read back from the probes' results — found by the spec each result embeds,
+never by file name — so a search stopped at any point resumes where it was, re-running nothing;
+a crashed probe stops its search (``--rerun-crashed`` runs it once more), and a probe off the
+search's walk (its start, step, resolution or limit edited after it ran) stops the search rather
+than being silently ignored.
+
+This module is torch-free and runs nothing: the report reads searches through it, and
+:mod:`harness.orchestrate.ceiling` runs the probes it names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from harness.grid import build_grid
+from harness.results import CellResult, read_results
+from harness.spec import TrainSpec, admits, make_spec
+
+MIN_STEPS = 8
+SEARCH_FIELDS = ("stack", "regime", "variant", "score_mini_batch_size", "card", "allocator")
+EXPANDABLE = ("variant", "regime", "score_mini_batch_size", "card", "allocator")
+
+
+class CeilingSearch(BaseModel):
+    """One ceiling search: what is searched, over which seeds and batch range."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    grid: str = "ceilings"
+    stack: str
+    regime: str
+    variant: str
+    score_mini_batch_size: int | None = Field(default=None, gt=0)
+    card: str
+    allocator: str = "default"
+    seeds: tuple[int, ...] = Field(min_length=1)
+    steps: int = Field(default=MIN_STEPS, ge=MIN_STEPS)
+    start: int = Field(gt=0)
+    limit: int = Field(gt=0)  # the largest batch probed: a search that reaches it reports "≥ limit"
+    resolution: int = Field(gt=0)
+    step: int | None = Field(default=None, gt=0)  # the first step of a galloping bracket; None: double / halve
+    preset: str = "auto"
+    device: str = "auto"
+    model_source: str | None = None
+    data_source: str | None = None
+    kernel: str | None = None  # a launcher setting: the Jupyter kernel its probes run in
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CeilingSearch:
+        if self.start > self.limit:
+            raise ValueError(f"start {self.start} is above limit {self.limit}")
+        if self.start % self.resolution or self.limit % self.resolution:
+            raise ValueError(f"start {self.start} and limit {self.limit} must be multiples of resolution {self.resolution}")
+        if self.step is not None and self.step % self.resolution:
+            raise ValueError(f"step {self.step} must be a multiple of resolution {self.resolution}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds repeat: {list(self.seeds)}")
+        self.probe(self.start, self.seeds[0])  # a spec it cannot make is an invalid search
+        return self
+
+    @property
+    def search_id(self) -> str:
+        """Its probes' cell id without batch size and seed: ``pylate-grad-checkpoint-lik-a100-40gb``."""
+        return f"{self.stack}-{self.regime}-{self.probe(self.start, self.seeds[0]).setting_id}"
+
+    def probe(self, batch_size: int, seed: int) -> TrainSpec:
+        """The spec of the probe at ``batch_size`` for ``seed``."""
+        names = ("stack", "regime", "variant", "score_mini_batch_size", "card", "allocator", "steps", "preset",
+                 "device", "model_source", "data_source")  # fmt: skip
+        spec = make_spec({name: getattr(self, name) for name in names} | {"batch_size": batch_size, "seed": seed})
+        assert isinstance(spec, TrainSpec)
+        return spec
+
+    def owns(self, spec: object) -> bool:
+        """Whether a result's spec is one of this search's probes (any batch, one of its seeds)."""
+        return (isinstance(spec, TrainSpec) and spec.seed in self.seeds
+                and admits(self.probe(spec.batch_size, spec.seed), spec))  # fmt: skip
+
+
+@dataclasses.dataclass
+class Ceiling:
+    """Where a search stands: the largest batch that fits, the smallest that does not."""
+
+    fits: int | None = None  # largest batch where every seed trained
+    fails: int | None = None  # smallest batch where a seed ran out of memory
+    next_batch: int | None = None  # the batch still to decide (None: the search is over)
+    stopped: str | None = None  # why it stopped early (a crashed probe)
+
+    @property
+    def done(self) -> bool:
+        return self.next_batch is None
+
+
+def walk(search: CeilingSearch, decide: Callable[[int], bool | None]) -> Ceiling:
+    """Walk the bracket-and-bisect search; ``decide(batch)`` says whether a batch fits (None:
+    undecided yet — the walk stops there and names it as the next batch to run)."""
+    ceiling = Ceiling()
+    batch: int | None = search.start
+    while batch is not None:
+        verdict = decide(batch)
+        if verdict is None:
+            ceiling.next_batch = batch
+            return ceiling
+        if verdict:
+            ceiling.fits = batch
+        else:
+            ceiling.fails = batch
+        batch = _next_batch(search, ceiling)
+    return ceiling
+
+
+def _next_batch(search: CeilingSearch, ceiling: Ceiling) -> int | None:
+    """Bracket, then bisect between the two bounds on multiples of the resolution; None once the
+    search is decided. The bracket doubles while everything fits and halves while everything fails;
+    with a ``step`` it moves away from ``start`` by ``step``, then twice as far each time
+    (start, start + step, start + 2·step, start + 4·step, … and the same downwards)."""
+    fits, fails, resolution, step = ceiling.fits, ceiling.fails, search.resolution, search.step
+    if fits is not None and fails is not None:
+        return None if fails - fits <= resolution else fits + (fails - fits) // (2 * resolution) * resolution
+    if fits is not None:
+        if fits >= search.limit:
+            return None
+        return min(fits * 2 if step is None else fits + max(step, fits - search.start), search.limit)
+    assert fails is not None
+    if fails <= resolution:
+        return None
+    lower = fails // 2 if step is None else fails - max(step, search.start - fails)
+    return max(resolution, lower // resolution * resolution)
+
+
+def plan_search(search: CeilingSearch, screen: Callable[[int], bool | None], confirm: Callable[[int], bool | None]) -> Ceiling:
+    """The whole search: walk on the first seed (``screen``), then confirm the batch it ends on with
+    every seed (``confirm``). A seed that runs out of memory there makes that batch a failing one —
+    ``screen`` must say so from then on — and the walk goes on below it. Under the assumption a
+    ceiling rests on (what fits for a seed at B fits at any smaller B), this is the answer of
+    running every seed at every probed batch, at a fraction of the probes."""
+    while True:
+        ceiling = walk(search, screen)
+        if not ceiling.done or ceiling.fits is None:
+            return ceiling
+        verdict = confirm(ceiling.fits)
+        if verdict is None:
+            ceiling.next_batch = ceiling.fits
+            return ceiling
+        if verdict:
+            return ceiling
+
+
+class ProbeMismatch(ValueError):
+    """A probe's result that was run with other settings than the search's, or off its walk."""
+
+
+class Probes:
+    """A search's probes as their results say, by (batch, seed): the one view of what has run.
+
+    Built from the results of the search's grid under a results folder, keeping those whose
+    embedded spec is one of the search's probes. A result under a probe's id whose spec differs
+    (a smoke test with other steps, a grid edited since) is kept aside as a mismatch, never taken
+    for the probe's verdict.
+    """
+
+    def __init__(self, search: CeilingSearch, results: Mapping[str, CellResult]) -> None:
+        self.search = search
+        self.by_probe: dict[tuple[int, int], CellResult] = {}
+        self.mismatched: dict[str, CellResult] = {}
+        for cell_id, result in results.items():
+            if search.owns(result.spec):
+                self.by_probe[(result.batch_size, result.seed)] = result
+            elif isinstance(result.spec, TrainSpec) and result.seed in search.seeds and cell_id == search.probe(
+                result.batch_size, result.seed
+            ).cell_id:  # fmt: skip
+                self.mismatched[cell_id] = result
+
+    @classmethod
+    def read(cls, search: CeilingSearch, results_dir: Path) -> Probes:
+        results, _ = read_results(results_dir / search.grid, grids={search.grid})
+        return cls(search, {result.cell_id: result for _, result in results})
+
+    def outcome(self, batch_size: int, seed: int) -> str:
+        """``missing``, ``crashed``, ``ok`` or ``oom`` for one probe."""
+        probe = self.search.probe(batch_size, seed)
+        if probe.cell_id in self.mismatched:
+            ran = self.mismatched[probe.cell_id].spec
+            raise ProbeMismatch(
+                f"the result of {probe.cell_id} ran as {ran}, but the probe asks {probe}; move that result away to run the probe."
+            )
+        result = self.by_probe.get((batch_size, seed))
+        return "missing" if result is None else result.outcome
+
+    def batches(self) -> set[int]:
+        return {batch for batch, _ in self.by_probe}
+
+
+def batch_verdict(probes: Probes, batch_size: int, seeds: Sequence[int] | None = None,
+                  rerun_crashed: bool = False) -> tuple[bool | None, TrainSpec | None, str | None]:  # fmt: skip
+    """Whether ``batch_size`` fits for ``seeds`` (default: all), seed by seed: (verdict, the probe
+    to run next, a crashed probe's id). A failure recorded for any seed of the search at this batch
+    decides it. A crashed probe stops the search, or with ``rerun_crashed`` is the probe to run again."""
+    search = probes.search
+    outcomes = {seed: probes.outcome(batch_size, seed) for seed in search.seeds}
+    if "oom" in outcomes.values():
+        return False, None, None
+    for seed in search.seeds if seeds is None else seeds:
+        probe = search.probe(batch_size, seed)
+        if outcomes[seed] == "missing" or (outcomes[seed] == "crashed" and rerun_crashed):
+            return None, probe, None
+        if outcomes[seed] == "crashed":
+            return None, None, probe.cell_id
+    return True, None, None
+
+
+def search_state(search: CeilingSearch, results: Path | Probes, rerun_crashed: bool = False) -> tuple[Ceiling, TrainSpec | None]:
+    """The search as far as its probes' results decide it, and the probe to run next (if any).
+    Raises ProbeMismatch where a probe lies off the walk: the search was edited after it ran."""
+    probes = results if isinstance(results, Probes) else Probes.read(search, results)
+    pending: dict[str, Any] = {}
+    visited: set[int] = set()
+
+    def decider(seeds: Sequence[int] | None) -> Callable[[int], bool | None]:
+        def decide(batch_size: int) -> bool | None:
+            visited.add(batch_size)
+            verdict, plan, crashed = batch_verdict(probes, batch_size, seeds, rerun_crashed)
+            pending.update(plan=plan, crashed=crashed)
+            return verdict
+
+        return decide
+
+    ceiling = plan_search(search, decider(search.seeds[:1]), decider(None))
+    # A seed failing the confirmation drops the batches walked above it from the walk read back
+    # now; those all failed, above the bound. Any other probe off the walk means an edited search.
+    off_walk = sorted(
+        batch for batch in probes.batches() - visited
+        if ceiling.fails is None or batch < ceiling.fails or batch_verdict(probes, batch)[0] is not False
+    )  # fmt: skip
+    if off_walk:
+        raise ProbeMismatch(
+            f"{search.search_id}: probes at B={off_walk} are not on this search's walk, so its start, step, "
+            f"resolution or limit changed after they ran; restore them, or move those results away."
+        )
+    if pending.get("crashed"):
+        ceiling.stopped = f"probe {pending['crashed']} crashed"
+        return ceiling, None
+    return ceiling, pending.get("plan") if not ceiling.done else None
+
+
+def describe(search: CeilingSearch, ceiling: Ceiling) -> str:
+    if ceiling.stopped:
+        return f"{search.search_id}: stopped, {ceiling.stopped}"
+    if not ceiling.done:
+        return f"{search.search_id}: next B={ceiling.next_batch} (fits {ceiling.fits}, fails {ceiling.fails})"
+    if ceiling.fails is None:
+        return f"{search.search_id}: ≥ {ceiling.fits} (the limit)"
+    if ceiling.fits is None:
+        return f"{search.search_id}: < {ceiling.fails} (nothing probed fits)"
+    return f"{search.search_id}: {ceiling.fits} fits, {ceiling.fails} does not"
+
+
+def load_searches(path: str | Path, match: Sequence[str] = ()) -> list[CeilingSearch]:
+    """Expand and validate a ceiling grid (``defaults`` + ``searches``); raise GridError naming every problem."""
+
+    def build(grid: str, fields: dict[str, Any]) -> CeilingSearch:
+        return CeilingSearch(**fields | {"grid": grid})
+
+    searches = build_grid(path, "searches", EXPANDABLE, build, lambda search: search.search_id, title="ceiling grid")
+    if match:
+        searches = [s for s in searches if any(fnmatch.fnmatchcase(s.search_id, pattern) for pattern in match)]
+    return searches
