@@ -13,14 +13,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from harness import spec
+
 VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
-ALLOCATORS: dict[str, str | None] = {"default": None, "expandable": "expandable_segments:True"}
+ALLOCATORS = spec.ALLOCATORS
 
 
 def check(name: str) -> str:
-    if name not in ALLOCATORS:
-        raise ValueError(f"unknown allocator {name!r}; choose one of {sorted(ALLOCATORS)}")
-    return name
+    return spec.choose("allocator", name, ALLOCATORS)
 
 
 def name_of(conf: str | None) -> str:
@@ -47,3 +47,21 @@ def environment_for(name: str, base: Mapping[str, str]) -> dict[str, str]:
     else:
         env[VARIABLE] = value
     return env
+
+
+def apply(name: str, cuda_initialized: bool) -> None:
+    """Make this process run with allocator ``name``: set the variable while CUDA has not started
+    (the caching allocator reads it when it starts); once it has, the process must already run with
+    it, or this raises — the cell would measure another allocator than its spec says."""
+    value = ALLOCATORS[check(name)]
+    if current() == name:
+        return
+    if cuda_initialized:
+        raise ValueError(
+            f"this process already started CUDA with allocator {current()!r}; allocator {name!r} must be set before "
+            "CUDA starts: run the cell in a fresh process (the notebook's kernel, `harness cell`)."
+        )
+    if value is None:
+        os.environ.pop(VARIABLE, None)
+    else:
+        os.environ[VARIABLE] = value

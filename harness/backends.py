@@ -17,77 +17,42 @@ from collections.abc import Iterator
 
 import torch
 
-
-@dataclasses.dataclass(frozen=True)
-class Backend:
-    name: str
-    description: str
-    stacks: tuple[str, ...]
-    package: str | None = None  # distribution name, for errors and the environment block
-    module: str | None = None
-    entry_points: tuple[str, ...] = ()  # "module:attribute" the stacks' dispatchers call
-    needs_cuda: bool = False
+from harness import spec
 
 
-BACKENDS: dict[str, Backend] = {
-    "vanilla": Backend("vanilla", "the library's own PyTorch math", stacks=("colpali", "pylate")),
-    "lik": Backend(
-        "lik",
-        "late-interaction-kernels fused Triton kernels",
-        stacks=("colpali", "pylate"),
-        package="late-interaction-kernels",
-        module="late_interaction_kernels",
-        entry_points=("late_interaction_kernels.autograd:maxsim",),
-        needs_cuda=True,
-    ),
-    "flash": Backend(
-        "flash",
-        "flash-maxsim fused Triton kernels",
-        stacks=("pylate",),
-        package="flash-maxsim",
-        module="flash_maxsim",
-        entry_points=("flash_maxsim:flash_maxsim_batched_train",),
-        needs_cuda=True,
-    ),
-}
+Backend = spec.Backend
+BACKENDS = spec.BACKENDS
+
 
 class BackendUnavailable(RuntimeError):
     """A requested backend cannot run here. Never caught to fall back."""
 
 
 def backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"unknown variant {name!r}; choose one of {sorted(BACKENDS)}.") from None
+    return spec.backend(name)
 
 
-def check_supported(variant: str, stack: str) -> Backend:
-    """The backend for ``variant`` if ``stack`` supports it; a clear ValueError otherwise."""
-    spec = backend(variant)
-    if stack not in spec.stacks:
-        raise ValueError(f"variant {variant!r} is not available for the {stack} stack; it supports {list(spec.stacks)}.")
-    return spec
+def check_supported(variant: str, library: str) -> Backend:
+    """The backend for ``variant`` if ``library`` dispatches to it; a clear ValueError otherwise."""
+    return spec.check_variant(variant, library)
 
 
-def require(variant: str, stack: str, device: torch.device | str) -> Backend:
-    """Raise :class:`BackendUnavailable` unless ``variant`` can run for ``stack`` on ``device``."""
-    spec = check_supported(variant, stack)
+def require(variant: str, library: str, device: torch.device | str) -> Backend:
+    """Raise :class:`BackendUnavailable` unless ``variant`` can run for ``library`` on ``device``."""
+    chosen = check_supported(variant, library)
     device = torch.device(device)
-    if spec.module is not None and not _importable(spec.module):
-        from harness.stacks import STACK_INFO  # the stack's own environment carries its backends
-
-        environment = STACK_INFO[stack].environment
+    if chosen.needs_cuda and device.type != "cuda":
         raise BackendUnavailable(
-            f"variant {variant!r} needs {spec.package}, which is not installed: "
-            f"install the {environment} environment (python tools/envs.py create {environment})."
-        )
-    if spec.needs_cuda and device.type != "cuda":
-        raise BackendUnavailable(
-            f"variant {variant!r} ({spec.description}) runs only on CUDA devices, not {device.type}; "
+            f"variant {variant!r} ({chosen.description}) runs only on CUDA devices, not {device.type}; "
             "it is never replaced by a fallback. Run it on a GPU host or choose variant 'vanilla'."
         )
-    return spec
+    if chosen.module is not None and not _importable(chosen.module):
+        environment = next(env.name for env in spec.ENVIRONMENTS.values() if library in env.libraries and variant in env.backends)
+        raise BackendUnavailable(
+            f"variant {variant!r} needs {chosen.package}, which is not installed here: "
+            f"run it in the {environment} environment (python tools/envs.py create {environment})."
+        )
+    return chosen
 
 
 @functools.lru_cache(maxsize=None)

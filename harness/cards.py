@@ -14,46 +14,18 @@ difference; the report states the cap each ceiling was found under.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import torch
 
+from harness import spec
 from harness.memory import GIB
 
 
-CONTEXT_GIB = 0.68  # the H100 80 GB's reported capacity (79.11 GiB) less what PyTorch could use there (78.43)
-
-
-@dataclasses.dataclass(frozen=True)
-class CardProfile:
-    name: str
-    usable_gib: float | None  # None: the device as it is
-    description: str
-    nominal_gb: int | None = None  # the card's marketed size, for ordering and labels
-
-    @property
-    def usable_bytes(self) -> int | None:
-        return None if self.usable_gib is None else int(self.usable_gib * GIB)
-
-
-CARDS: dict[str, CardProfile] = {
-    profile.name: profile
-    for profile in (
-        CardProfile("rtx4090-24gb", round(23.64 - CONTEXT_GIB, 2), "24 GB, e.g. RTX 4090 (23.64 GiB reported)", 24),
-        CardProfile("a100-40gb", round(39.50 - CONTEXT_GIB, 2), "40 GB, e.g. A100 40 GB (39.50 GiB reported)", 40),
-        CardProfile("l40s-48gb", round(44.43 - CONTEXT_GIB, 2), "48 GB with ECC, e.g. L40S, RTX 6000 Ada (44.43 GiB reported)", 48),
-        CardProfile("h100-80gb", 78.43, "NVIDIA H100 80 GB: 78.43 GiB usable to PyTorch", 80),
-        CardProfile("native", None, "the whole device, uncapped (H200: 141 GB)", 141),
-    )
-}
-
-
-def card(name: str) -> CardProfile:
-    try:
-        return CARDS[name]
-    except KeyError:
-        raise ValueError(f"unknown card {name!r}; choose one of {sorted(CARDS)}.") from None
+CONTEXT_GIB = spec.CONTEXT_GIB
+CardProfile = spec.Card
+CARDS = spec.CARDS
+card = spec.card
 
 
 def apply_card(profile: CardProfile, device: torch.device) -> int | None:

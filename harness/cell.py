@@ -16,107 +16,75 @@ sweep driver, which writes a crash marker) leaves a cell without one.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harness import allocator, backends, cards, environment, gpu_gate
+from harness import allocator, backends, cards, environment, gpu_gate, provenance
 from harness.bracket import PeakLedger
 from harness.memory import probe_for, to_mib
 from harness.recorder import OpRecorder, first_line
 from harness.replay import replay_shapes
 from harness.results import CellResult, write_result
-from harness.stacks import Stack, check_cell, load_stack
+from harness.spec import CellSpec, TrainSpec, with_fields
+from harness.stacks import Stack, load_stack
 from harness.timing import AutotuneWatch, StepTimer, steady_state, timed
 
 
-class CellParams(BaseModel):
-    """Parameters of one cell, validated before anything is built."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    stack: str
-    regime: str
-    batch_size: int = Field(gt=0)
-    variant: str = "vanilla"
-    score_mini_batch_size: int | None = Field(default=None, gt=0)
-    steps: int = Field(default=4, gt=0)
-    warmup_steps: int = Field(default=1, ge=0)
-    card: str = "native"
-    seed: int = 42
-    preset: str = "full"
-    model_source: str | None = None
-    data_source: str | None = None
-    device: str = "cuda"
-    output: Path
-
-    @field_validator("variant")
-    @classmethod
-    def _known_variant(cls, variant: str) -> str:
-        backends.backend(variant)
-        return variant
-
-    @field_validator("card")
-    @classmethod
-    def _known_card(cls, name: str) -> str:
-        cards.card(name)
-        return name
-
-
-def resolve_auto(device: str, preset: str) -> tuple[str, str]:
-    """The notebooks' defaults: ``device="auto"`` is CUDA when a GPU is visible, else the CPU;
-    ``preset="auto"`` is the published model on CUDA and the tiny one on the CPU. So
-    ``papermill notebooks/colpali.ipynb out.ipynb -p batch 128 -p variant lik`` runs the real cell
-    on a GPU host and a quick one on a laptop."""
+def resolve_auto(spec: CellSpec) -> CellSpec:
+    """``device="auto"`` is CUDA when a GPU is visible, else the CPU; ``preset="auto"`` is the
+    published model on CUDA and the tiny one on the CPU. So ``papermill notebooks/colpali.ipynb
+    out.ipynb -p batch 128 -p variant lik`` runs the real cell on a GPU host and a quick one on a
+    laptop. A result embeds the resolved spec."""
+    device = spec.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if preset == "auto":
-        preset = "full" if torch.device(device).type == "cuda" else "tiny"
-    return device, preset
+    changes: dict[str, str] = {"device": device}
+    if isinstance(spec, TrainSpec) and spec.preset == "auto":
+        changes["preset"] = "full" if device == "cuda" else "tiny"
+    return with_fields(spec, **changes)
 
 
 class CellError(ValueError):
     """A cell that cannot run as asked; raised before any GPU work."""
 
 
-def validate(params: CellParams, stack: Stack | None = None) -> Stack:
-    """Check everything that can be checked without a GPU; return the stack to build."""
-    stack = stack or load_stack(params.stack)
-    if params.stack != stack.name:
-        raise CellError(f"parameters are for stack {params.stack!r} but the stack given is {stack.name!r}.")
-    try:
-        check_cell(stack.name, stack.regimes, params.regime, params.score_mini_batch_size)
-    except ValueError as error:
-        raise CellError(str(error)) from None
-    if params.preset not in stack.presets:
-        raise CellError(f"unknown preset {params.preset!r} for the {stack.name} stack; choose one of {list(stack.presets)}.")
-    device = torch.device(params.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CellError("device 'cuda' requested but no CUDA device is visible; pass device='cpu' for the tiny preset.")
-    if device.type == "cuda" and torch.cuda.device_count() > 1:
+def check_device(device_type: str) -> None:
+    """A CUDA cell needs exactly one visible CUDA device."""
+    if device_type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise CellError("device 'cuda' requested but no CUDA device is visible; use device 'cpu' (or 'auto').")
+    if torch.cuda.device_count() > 1:
         # Seen on a two-GPU host: transformers' Trainer then wraps the model in DataParallel and
         # trains per_device_batch × n_gpu samples a step — another cell than the one asked for.
         raise CellError(
             f"this process sees {torch.cuda.device_count()} CUDA devices; a cell trains on one. Pin it with "
-            "CUDA_VISIBLE_DEVICES=<index> (harness-sweep does so for every cell)."
+            "CUDA_VISIBLE_DEVICES=<index> (the sweep does so for every cell)."
         )
+
+
+def validate(spec: TrainSpec, output: Path, stack: Stack | None = None) -> Stack:
+    """Check everything that can be checked without a GPU (the spec checked itself when it was
+    made); return the stack to build. ``spec`` must be resolved (no ``auto``)."""
+    if spec.device == "auto" or spec.preset == "auto":
+        raise CellError("resolve the spec first (harness.cell.resolve_auto): device and preset must not be 'auto'.")
+    stack = stack or load_stack(spec.stack)
+    if spec.stack != stack.name:
+        raise CellError(f"the spec is for stack {spec.stack!r} but the stack given is {stack.name!r}.")
+    check_device(spec.device)
     try:
-        stack.op.check_variant(params.variant)
-        stack.check(params)
+        stack.check(spec)
+        allocator.apply(spec.allocator, torch.cuda.is_initialized())
+        backends.require(spec.variant, stack.op.stack, spec.device)
     except ValueError as error:
         raise CellError(str(error)) from None
-    backends.require(params.variant, stack.op.stack, device)
-    if cards.card(params.card).usable_bytes is not None and device.type != "cuda":
-        raise CellError(f"card {params.card!r} emulation needs a CUDA device; on {device.type} use card 'native'.")
-    check_writable(params.output)
+    check_writable(output)
     return stack
 
 
@@ -132,26 +100,31 @@ def check_writable(path: Path) -> None:
         raise CellError(f"cannot write the result to {path}: {error}") from None
 
 
-def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
-    """Run one cell and write its result to ``params.output``; returns the result."""
-    stack = validate(params, stack)
+def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: Path | None = None,
+             stack: Stack | None = None) -> CellResult:  # fmt: skip
+    """Run one training cell and write its result to ``output``; returns the result. ``grid``: the
+    grid it belongs to (None: a cell run by hand); ``notebook``: the notebook running it (hashed
+    into the provenance)."""
+    spec = resolve_auto(spec)
+    assert isinstance(spec, TrainSpec)
+    stack = validate(spec, output, stack)
     # under harness-sweep / harness-ceiling: wait for this GPU (or room on it) before creating a CUDA context
-    gpu_wait = gpu_gate.hold(cards.card(params.card).usable_gib)
+    gpu_wait = gpu_gate.hold(cards.card(spec.card).usable_gib)
     started = time.perf_counter()
     phases: dict[str, float] = {}
     with timed(phases, "device"):
-        probe = probe_for(params.device)
+        probe = probe_for(spec.device)
         device = probe.device  # with its index resolved (cuda -> cuda:0)
-        card_cap = cards.apply_card(cards.card(params.card), device)
+        card_cap = cards.apply_card(cards.card(spec.card), device)
 
     ledger = PeakLedger(probe)
-    recorder = OpRecorder(stack.op, params.variant, ledger)
+    recorder = OpRecorder(stack.op, spec.variant, ledger)
     watch = AutotuneWatch()
     timer = StepTimer(device, watch, on_step=lambda step: setattr(recorder, "step", step), ledger=ledger)
     counters = {name: backends.EntryPointCounter(name) for name in countable_backends(stack.op.stack)}
     outcome, oom_message, oom_where, device_oom = "ok", None, None, False
-    samples_per_step = params.batch_size
-    model_source, data_source = params.model_source, params.data_source
+    samples_per_step = spec.batch_size
+    model_source, data_source = spec.model_source, spec.data_source
 
     with probe:
         try:
@@ -160,7 +133,7 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
                     active.enter_context(counter.active())
                 active.enter_context(watch.active())
                 with timed(phases, "build"):
-                    built = stack.build(params, device)
+                    built = stack.build(spec, device)
                 samples_per_step = built.samples_per_step
                 model_source, data_source = built.model_source, built.data_source
                 built.trainer.add_callback(timer)
@@ -176,7 +149,7 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
             del error
         if device_oom:  # raised before the replays: nothing of this run is kept
             raise DeviceOutOfMemory(
-                f"the device, not the {params.card} cap, refused memory (or the message does not say which, on a "
+                f"the device, not the {spec.card} cap, refused memory (or the message does not say which, on a "
                 f"shared GPU), so this run says nothing about that card: another process was using the GPU. Run it "
                 f"again with the GPU to itself. ({oom_message})"
             )
@@ -184,25 +157,19 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
         built = None
         gc.collect()
         with timed(phases, "replay"):
-            isolated = replay_shapes(stack.op, recorder.shapes, params.variant, probe, seed=params.seed)
+            isolated = replay_shapes(stack.op, recorder.shapes, spec.variant, probe, seed=spec.seed)
 
-    entry_point_calls = counters[params.variant].calls if params.variant in counters else None
-    check_backend_ran(params.variant, counters, sum(not call.oom_in_forward for call in recorder.calls))
-    steady, steady_time = steady_state(timer.step_times_sec, timer.autotune_steps, params.warmup_steps)
+    entry_point_calls = counters[spec.variant].calls if spec.variant in counters else None
+    check_backend_ran(spec.variant, counters, sum(not call.oom_in_forward for call in recorder.calls))
+    steady, steady_time = steady_state(timer.step_times_sec, timer.autotune_steps, spec.warmup_steps)
     peak_alloc, peak_reserved = to_mib(ledger.peak_allocated_bytes), to_mib(ledger.peak_reserved_bytes)
     result = CellResult(
-        stack=stack.name,
+        grid=grid,
+        cell_id=spec.cell_id,
+        spec=spec,
+        provenance=provenance.collect(notebook),
         gpu_wait_sec=gpu_wait,
         gpu_share_gib=gpu_gate.share_gib(),
-        regime=params.regime,
-        batch_size=params.batch_size,
-        variant=params.variant,
-        score_mini_batch_size=params.score_mini_batch_size,
-        card=params.card,
-        allocator=allocator.current(),
-        steps=params.steps,
-        seed=params.seed,
-        preset=params.preset,
         outcome=outcome,
         oom_message=oom_message,
         oom_where=oom_where,
@@ -220,11 +187,11 @@ def run_cell(params: CellParams, stack: Stack | None = None) -> CellResult:
         backend_entry_point_calls=entry_point_calls,
         maxsim_calls_in_train=recorder.calls,
         maxsim_calls_isolated=isolated,
-        env=environment.collect(device, params.card, card_cap, params.seed, model_source, data_source),
+        env=environment.collect(device, spec.card, card_cap, spec.seed, model_source, data_source),
         wall_sec=time.perf_counter() - started,
         phase_sec=phases,
     )
-    write_result(result, params.output)
+    write_result(result, output)
     return result
 
 
@@ -232,8 +199,8 @@ def countable_backends(library: str) -> list[str]:
     """Fused backends of the op's ``library`` that are installed: their entry points can be counted."""
     return [
         name
-        for name, spec in backends.BACKENDS.items()
-        if spec.module is not None and library in spec.stacks and backends.installed_version(spec.package or "")
+        for name, backend in backends.BACKENDS.items()
+        if backend.module is not None and library in backend.libraries and backends.installed_version(backend.package or "")
     ]
 
 
@@ -262,25 +229,7 @@ def check_backend_ran(variant: str, counters: dict[str, backends.EntryPointCount
             )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="harness-cell", description="Run one measured training cell.")
-    for name, field in CellParams.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        parser.add_argument(flag, required=field.is_required(), default=None)
-    args = {key: value for key, value in vars(parser.parse_args(argv)).items() if value is not None}
-    try:
-        params = CellParams(**args)
-        result = run_cell(params)
-    except (ValueError, backends.BackendUnavailable) as error:
-        print(f"harness-cell: {error}", file=sys.stderr)
-        return 2
-    detail = f" ({result.oom_message})" if result.oom_message else ""
-    print(
-        f"{result.stack}/{result.regime} B={result.batch_size} {result.variant}: {result.outcome}{detail}; "
-        f"step peak {result.step_peak_alloc_mib:.0f} MiB allocated / {result.step_peak_reserved_mib:.0f} MiB reserved"
-    )
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from harness.cli import main
+
+    sys.exit(main(["cell", *sys.argv[1:]]))

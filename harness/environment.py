@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 import sys
-from pathlib import Path
 
 import torch
 
@@ -19,16 +17,6 @@ PACKAGES = (
     "colpali-engine", "pylate", "late-interaction-kernels", "flash-maxsim", "datasets", "numpy",
     "maxsim-vram-report",
 )  # fmt: skip
-
-
-def git_commit() -> str | None:
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout.strip() if result.returncode == 0 else None
 
 
 def collect(
@@ -58,5 +46,4 @@ def collect(
         model_source=model_source,
         data_source=data_source,
         seed=seed,
-        git_commit=git_commit(),
     )

@@ -31,17 +31,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-from harness import allocator, backends, environment, gpu_gate
+from harness import backends, environment, gpu_gate, provenance
 from harness.bracket import PeakLedger
-from harness.cell import CellError, check_backend_ran, check_writable, countable_backends
+from harness.cell import CellError, check_backend_ran, check_device, check_writable, countable_backends, resolve_auto
 from harness.memory import probe_for, to_mib
 from harness.ops import ColpaliInBatchMaxSim, DTYPES, MaxSimOp, OpShape, PylateColbertScores, VanillaPrediction, _embeddings
 from harness.recorder import first_line
 from harness.replay import replay_shapes
 from harness.results import CellResult, write_result
-from harness.stacks import STACK_INFO
+from harness.spec import OpSpec
 from harness.timing import AutotuneWatch
 
 COLPALI_LOSSES = {
@@ -49,8 +48,6 @@ COLPALI_LOSSES = {
     "negative-ce": "ColbertNegativeCELoss",
     "pairwise-negative-ce": "ColbertPairwiseNegativeCELoss",
 }
-OP_STACKS = {name: info.regimes for name, info in STACK_INFO.items() if info.op_level}  # stack -> its heads
-DEFAULT_LENGTHS = {"op-colpali": (32, 1030), "op-pylate": (48, 300)}
 MAX_EXTRA_WARMUP = 20  # repetitions allowed for autotuning to settle after the warm-up
 
 
@@ -121,61 +118,22 @@ class PylateScoresHead(PylateColbertScores):
         return OpShape((batch, lq, dim), (batch, 2, ld, dim), dtype, doc_mask_shape=(batch, 2, ld))
 
 
-def head_op(stack: str, head: str) -> ColpaliLossHead | PylateScoresHead:
-    _check_head(stack, head)
-    return ColpaliLossHead(head) if stack == "op-colpali" else PylateScoresHead()
+def head_op(spec: OpSpec) -> ColpaliLossHead | PylateScoresHead:
+    """The loss head an op spec names (the spec checked its stack and head when it was made)."""
+    return ColpaliLossHead(spec.head) if spec.stack == "op-colpali" else PylateScoresHead()
 
 
-def _check_head(stack: str, head: str) -> None:
-    if stack not in OP_STACKS:
-        raise ValueError(f"unknown op stack {stack!r}; choose one of {sorted(OP_STACKS)}.")
-    if head not in OP_STACKS[stack]:
-        raise ValueError(f"unknown head {head!r} for {stack}; choose one of {list(OP_STACKS[stack])}.")
-
-
-def check_op(stack: str, head: str, negatives: int | None) -> None:
-    """What any op cell must satisfy; checked alike by the op runner and the sweep's grid loader."""
-    _check_head(stack, head)
-    if head == "inbatch" and negatives is not None:
-        raise ValueError(f"the {head} head has no explicit negatives; leave negatives unset.")
-    if head != "inbatch" and not negatives:
-        raise ValueError(f"the {head} head needs negatives (explicit negative documents per query, >= 1).")
-
-
-class OpCellParams(BaseModel):
-    """Parameters of one op-level cell, validated before anything is allocated."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    stack: str
-    head: str
-    batch_size: int = Field(gt=0)
-    negatives: int | None = Field(default=None, gt=0)
-    variant: str = "vanilla"
-    reps: int = Field(default=50, gt=0)
-    warmup: int = Field(default=5, ge=1)
-    rotate: int = Field(default=4, gt=0)
-    query_length: int | None = Field(default=None, gt=0)  # default: the head's published shape
-    doc_length: int | None = Field(default=None, gt=0)
-    seed: int = 42
-    device: str = "cuda"
-    output: Path
-
-
-def validate(params: OpCellParams) -> MaxSimOp:
-    """Everything checkable without touching the device; returns the head to run."""
-
+def validate(spec: OpSpec, output: Path) -> MaxSimOp:
+    """Everything checkable without touching the device; returns the head to run. ``spec`` must be resolved."""
+    if spec.device == "auto":
+        raise CellError("resolve the spec first (harness.cell.resolve_auto): device must not be 'auto'.")
+    op = head_op(spec)
+    check_device(spec.device)
     try:
-        check_op(params.stack, params.head, params.negatives)
-        op = head_op(params.stack, params.head)
-        op.check_variant(params.variant)
+        backends.require(spec.variant, op.stack, spec.device)
     except ValueError as error:
         raise CellError(str(error)) from None
-    device = torch.device(params.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CellError("device 'cuda' requested but no CUDA device is visible.")
-    backends.require(params.variant, op.stack, device)
-    check_writable(params.output)
+    check_writable(output)
     return op
 
 
@@ -219,28 +177,29 @@ def time_head(op: MaxSimOp, shape: OpShape, variant: str, device: torch.device, 
     return times
 
 
-def run_op_cell(params: OpCellParams) -> CellResult:
+def run_op_cell(spec: OpSpec, output: Path, grid: str | None = None, notebook: Path | None = None) -> CellResult:
     """Time and bracket one head; write and return the result (outcome ``oom`` when it does not fit)."""
-    op = validate(params)
+    resolved = resolve_auto(spec)
+    assert isinstance(resolved, OpSpec)
+    spec = resolved
+    op = validate(spec, output)
     gpu_wait = gpu_gate.hold()
     started = time.perf_counter()
-    probe = probe_for(params.device)
+    probe = probe_for(spec.device)
     device = probe.device
-    lq, ld = DEFAULT_LENGTHS[params.stack]
-    shape = op.shape(params.batch_size, params.negatives, params.query_length or lq, params.doc_length or ld)  # type: ignore[attr-defined]
+    shape = op.shape(spec.batch_size, spec.negatives, *spec.lengths)  # type: ignore[attr-defined]
     ledger = PeakLedger(probe)
     times: list[float] = []
     counters = {name: backends.EntryPointCounter(name) for name in countable_backends(op.stack)}
     outcome, oom_message = "ok", None
     with probe:
-        isolated = replay_shapes(op, [shape], params.variant, probe, seed=params.seed)
+        isolated = replay_shapes(op, [shape], spec.variant, probe, seed=spec.seed)
         if isolated[0].oom_in_replay:
             outcome, oom_message = "oom", isolated[0].oom_message
         else:
             try:
                 ledger.reset_window()
-                times = time_head(op, shape, params.variant, device, params.reps, params.warmup, params.rotate,
-                                  params.seed, counters)  # fmt: skip
+                times = time_head(op, shape, spec.variant, device, spec.reps, spec.warmup, spec.rotate, spec.seed, counters)
             except torch.OutOfMemoryError as error:
                 outcome, oom_message = "oom", first_line(error)
                 error.__traceback__ = None
@@ -248,19 +207,18 @@ def run_op_cell(params: OpCellParams) -> CellResult:
             ledger.fold()
         gc.collect()
         probe.empty_cache()
-    check_backend_ran(params.variant, counters, len(times))  # every repetition reached the kernel, or none did
-    kernel_calls = counters[params.variant].calls if params.variant in counters else None
+    check_backend_ran(spec.variant, counters, len(times))  # every repetition reached the kernel, or none did
+    kernel_calls = counters[spec.variant].calls if spec.variant in counters else None
     median = statistics.median(times) if times else None
     result = CellResult(
-        stack=params.stack, regime=params.head, batch_size=params.batch_size, variant=params.variant,
-        negatives=params.negatives, card="native", allocator=allocator.current(), steps=params.reps, seed=params.seed, preset="op",
+        grid=grid, cell_id=spec.cell_id, spec=spec, provenance=provenance.collect(notebook),
         outcome=outcome, oom_message=oom_message, oom_where="maxsim" if outcome == "oom" else None,
         step_peak_alloc_mib=to_mib(ledger.peak_allocated_bytes), step_peak_reserved_mib=to_mib(ledger.peak_reserved_bytes),
         step_times_sec=times, steady_steps=list(range(len(times))), steady_step_time_sec=median,
-        samples_per_sec=None if not median else params.batch_size / median,
+        samples_per_sec=None if not median else spec.batch_size / median,
         backend_entry_point_calls=kernel_calls, maxsim_calls_isolated=isolated,
-        env=environment.collect(device, "native", None, params.seed, "none (loss head only)", "random unit-norm embeddings"),
+        env=environment.collect(device, "native", None, spec.seed, "none (loss head only)", "random unit-norm embeddings"),
         wall_sec=time.perf_counter() - started, gpu_wait_sec=gpu_wait,
     )  # fmt: skip
-    write_result(result, params.output)
+    write_result(result, output)
     return result

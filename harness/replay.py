@@ -15,17 +15,17 @@ import argparse
 import dataclasses
 import gc
 import json
-import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import torch
 
-from harness import backends
+from harness import backends, spec
 from harness.bracket import PeakLedger, bracket
 from harness.memory import MemoryProbe, probe_for, to_mib
 from harness.ops import DTYPES, MaxSimOp, OpShape, op_for
 from harness.recorder import first_line, op_call
-from harness.results import OpCall
+from harness.results import OpCall, write_text_atomic
 
 
 def replay_call(op: MaxSimOp, shape: OpShape, variant: str, probe: MemoryProbe, call_index: int = 0, seed: int = 0) -> OpCall:
@@ -103,7 +103,8 @@ def warm_up(op: MaxSimOp, shape: OpShape, variant: str, probe: MemoryProbe) -> N
         probe.empty_cache()
 
 
-def _shape(text: str) -> tuple[int, ...]:
+def shape_argument(text: str) -> tuple[int, ...]:
+    """A shape on the command line: ``128,51,128`` (or ``128x51x128``)."""
     try:
         dims = tuple(int(n) for n in text.replace("x", ",").split(","))
     except ValueError:
@@ -113,51 +114,54 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="harness-replay",
-        description="Replay one MaxSim shape in isolation and print forward / held / backward MiB per variant.",
-    )
-    parser.add_argument("--stack", required=True, choices=["colpali", "pylate"])
-    parser.add_argument("--variant", nargs="+", default=["vanilla"])
-    parser.add_argument("--query-shape", type=_shape, required=True, help="e.g. 128,51,128")
-    parser.add_argument("--doc-shape", type=_shape, required=True, help="e.g. 128,771,128 (colpali) or 512,2,300,128 (pylate)")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    parser.add_argument("--no-doc-mask", action="store_true", help="pylate: call without documents_mask")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--output", help="write the records as JSON here")
-    args = parser.parse_args(argv)
+class ReplayError(ValueError):
+    """A replay that cannot run as asked; raised before anything is allocated."""
 
-    op = op_for(args.stack)
-    for variant in args.variant:
-        op.check_variant(variant)
-        if variant != "vanilla":
-            backends.require(variant, op.stack, args.device)
-    expected_rank = 3 if args.stack == "colpali" else 4
-    if len(args.query_shape) != 3 or len(args.doc_shape) != expected_rank:
-        parser.error(f"{args.stack} takes a 3-D query shape and a {expected_rank}-D doc shape")
-    doc_mask = None if args.stack == "colpali" or args.no_doc_mask else args.doc_shape[:-1]
-    shape = OpShape(args.query_shape, args.doc_shape, args.dtype, doc_mask_shape=doc_mask)
-    probe = probe_for(args.device)
-    records = [replay_shapes(op, [shape], variant, probe)[0] for variant in args.variant]
 
-    print(f"{args.stack} MaxSim replay on {args.device}: Q{list(shape.query_shape)} D{list(shape.doc_shape)} {shape.dtype}")
+def replay_command(library: str, variants: Sequence[str], query_shape: tuple[int, ...], doc_shape: tuple[int, ...],
+                   dtype: str = "float32", doc_mask: bool = True, device: str = "auto",
+                   output: Path | None = None) -> list[OpCall]:  # fmt: skip
+    """``harness replay``: check everything first (variants, ranks, device, the output's folder), then
+    replay one shape per variant, print a table and write the records atomically to ``output``."""
+    op = op_for(library)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    expected_rank = 3 if library == "colpali" else 4
+    if len(query_shape) != 3 or len(doc_shape) != expected_rank:
+        raise ReplayError(f"{library} takes a 3-D query shape and a {expected_rank}-D doc shape, "
+                          f"got {len(query_shape)}-D and {len(doc_shape)}-D")  # fmt: skip
+    if query_shape[-1] != doc_shape[-1]:
+        raise ReplayError(f"query and document embeddings differ in dimension ({query_shape[-1]} vs {doc_shape[-1]})")
+    if library == "pylate" and query_shape[0] != doc_shape[0]:
+        raise ReplayError(f"pylate scores each query against its own documents: batch {query_shape[0]} vs {doc_shape[0]}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ReplayError("device 'cuda' requested but no CUDA device is visible; use --device cpu")
+    for variant in variants:
+        try:
+            spec.check_variant(variant, library)
+            if variant != "vanilla":
+                backends.require(variant, op.stack, device)
+        except ValueError as error:
+            raise ReplayError(str(error)) from None
+    if output is not None and not output.parent.is_dir():
+        raise ReplayError(f"the output's folder {output.parent} does not exist")
+    mask = None if library == "colpali" or not doc_mask else doc_shape[:-1]
+    shape = OpShape(query_shape, doc_shape, dtype, doc_mask_shape=mask)
+    probe = probe_for(device)
+    records = [replay_shapes(op, [shape], variant, probe)[0] for variant in variants]
+
+    print(f"{library} MaxSim replay on {device}: Q{list(shape.query_shape)} D{list(shape.doc_shape)} {shape.dtype}")
     print(f"{'variant':<8} {'fwd MiB':>11} {'held MiB':>11} {'bwd MiB':>11} {'pred fwd':>11} {'pred held':>11} {'calls':>6}  outcome")
     for record in records:
         outcome = record.oom_message if record.oom_in_replay else "ok"
         cells = [record.forward_transient_peak_mib, record.saved_for_backward_mib, record.backward_transient_peak_mib]
         text = " ".join(f"{v:>11.2f}" if v is not None else f"{'-':>11}" for v in cells)
         calls = "-" if record.entry_point_calls is None else str(record.entry_point_calls)
-        predicted = f"{record.predicted_forward_transient_mib:>11.2f} {record.predicted_saved_for_backward_mib:>11.2f}"
+        predicted = " ".join(f"{v:>11.2f}" if v is not None else f"{'-':>11}"
+                             for v in (record.predicted_forward_transient_mib, record.predicted_saved_for_backward_mib))  # fmt: skip
         print(f"{record.variant:<8} {text} {predicted} {calls:>6}  {outcome}")
-    if args.output:
-        payload = {"device": str(args.device), "records": [r.model_dump() for r in records]}
-        if torch.cuda.is_available() and torch.device(args.device).type == "cuda":
-            payload["device_name"] = torch.cuda.get_device_name(torch.device(args.device))
-        with open(args.output, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    if output is not None:
+        payload: dict[str, object] = {"device": device, "records": [r.model_dump() for r in records]}
+        if device == "cuda":
+            payload["device_name"] = torch.cuda.get_device_name(torch.device(device))
+        write_text_atomic(output, json.dumps(payload, indent=2) + "\n")
+    return records

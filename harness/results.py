@@ -191,20 +191,23 @@ class ResultError(ValueError):
 
 
 def write_result(result: CellResult, path: str | os.PathLike[str]) -> Path:
-    """Write ``result`` to ``path`` atomically: readers see the old file or the new one, never half.
+    """Write ``result`` to ``path`` atomically: readers see the old file or the new one, never half."""
+    return write_text_atomic(path, result.model_dump_json(indent=2) + "\n")
 
-    The JSON goes to a temporary file in the same directory, is flushed to disk, then renamed over
+
+def write_text_atomic(path: str | os.PathLike[str], payload: str) -> Path:
+    """Write ``payload`` to ``path`` atomically.
+
+    The text goes to a temporary file in the same directory, is flushed to disk, then renamed over
     the target (``os.replace`` is atomic on POSIX within one filesystem). The temporary file is
-    created private (0600); the result is made readable by all (0644) before the rename.
+    created private (0600); the file is made readable by all (0644) before the rename.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = result.model_dump_json(indent=2)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             handle.write(payload)
-            handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temporary, 0o644)

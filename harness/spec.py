@@ -302,7 +302,7 @@ class OpSpec:
     seed: int = dataclasses.field(default=DEFAULT_SEED, metadata={"help": "seed of the random embeddings"})
     device: str = dataclasses.field(default="auto", metadata={"help": "auto (CUDA when visible), cuda or cpu"})
 
-    NOTEBOOK_NAMES: ClassVar[dict[str, str]] = {"batch_size": "batch", "head": "regime"}
+    NOTEBOOK_NAMES: ClassVar[dict[str, str]] = {"batch_size": "batch"}
     card: ClassVar[str] = "native"
     allocator: ClassVar[str] = "default"
 

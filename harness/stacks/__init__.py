@@ -12,40 +12,13 @@ import functools
 import importlib
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from harness.ops import MaxSimOp
 
-if TYPE_CHECKING:
-    from harness.cell import CellParams
-
-STACK_MODULES = {"colpali": "harness.stacks.colpali", "pylate": "harness.stacks.pylate"}
-
-
-@dataclasses.dataclass(frozen=True)
-class StackInfo:
-    """What the sweep needs to know about a stack without importing it (its libraries live in its own
-    environment): its regimes, environment, Jupyter kernel and cell notebook."""
-
-    name: str
-    regimes: tuple[str, ...]  # op-level stacks: their loss heads
-    environment: str
-    kernel: str
-    notebook: str
-    library: str  # whose MaxSim it is: the backends' stack name
-    op_level: bool = False  # a loss head alone (harness.opbench), not a training cell
-
-
-STACK_INFO = {
-    "colpali": StackInfo("colpali", ("plain",), "colpali", "maxsim-colpali", "notebooks/colpali.ipynb", "colpali"),
-    "pylate": StackInfo("pylate", ("plain", "grad-checkpoint"), "pylate", "maxsim-pylate", "notebooks/pylate.ipynb", "pylate"),
-    "op-colpali": StackInfo("op-colpali", ("inbatch", "negative-ce", "pairwise-negative-ce"), "colpali", "maxsim-colpali",
-                            "notebooks/op.ipynb", "colpali", op_level=True),
-    "op-pylate": StackInfo("op-pylate", ("inbatch",), "pylate", "maxsim-pylate", "notebooks/op.ipynb", "pylate", op_level=True),
-}  # fmt: skip
-
+from harness.spec import STACKS, TrainSpec, stack as stack_info
 
 @dataclasses.dataclass
 class BuiltCell:
@@ -65,19 +38,11 @@ class Stack(Protocol):
     presets: tuple[str, ...]
     op: MaxSimOp
 
-    def check(self, params: "CellParams") -> None:
+    def check(self, params: TrainSpec) -> None:
         """Raise ValueError for parameters this stack cannot run (called before any GPU work)."""
 
-    def build(self, params: "CellParams", device: torch.device) -> BuiltCell:
+    def build(self, params: TrainSpec, device: torch.device) -> BuiltCell:
         """Model, data and trainer for ``params``, with the variant's backend switched on strictly."""
-
-
-def check_cell(stack: str, regimes: tuple[str, ...], regime: str, score_mini_batch_size: int | None) -> None:
-    """What any cell of ``stack`` must satisfy, checked alike by the cell runner and the sweep's grid loader."""
-    if regime not in regimes:
-        raise ValueError(f"unknown regime {regime!r} for the {stack} stack; choose one of {list(regimes)}.")
-    if score_mini_batch_size is not None and stack != "pylate":
-        raise ValueError(f"score_mini_batch_size is PyLate's chunking; the {stack} stack has no such option.")
 
 
 @functools.cache
@@ -92,7 +57,7 @@ def scratch_output_dir(prefix: str) -> str:
     return tempfile.mkdtemp(prefix=prefix, dir=_scratch().name)
 
 
-def measurement_arguments(params: "CellParams", device: torch.device) -> dict[str, Any]:
+def measurement_arguments(params: TrainSpec, device: torch.device) -> dict[str, Any]:
     """TrainingArguments every measured cell shares, whatever its recipe: the cell's batch and steps,
     no warm-up, seed = data_seed, and nothing saved, evaluated, logged or reported."""
     return dict(
@@ -145,13 +110,15 @@ class StackUnavailable(RuntimeError):
 
 
 def load_stack(name: str) -> Stack:
-    if name not in STACK_MODULES:
-        raise ValueError(f"unknown stack {name!r}; choose one of {sorted(STACK_MODULES)}.")
+    """The training stack ``name``, imported from its module (its libraries must be installed here)."""
+    info = stack_info(name)
+    if info.module is None:
+        raise ValueError(f"{name!r} is an op-level stack: its cells run through harness.opbench, not a trainer.")
     try:
-        module = importlib.import_module(STACK_MODULES[name])
+        module = importlib.import_module(info.module)
     except ImportError as error:
         raise StackUnavailable(
-            f"the {name} stack cannot be loaded ({error}); run it in the {name} environment "
-            f"(python tools/envs.py create {name})."
+            f"the {name} stack cannot be loaded ({error}); run it in the {info.environment} environment "
+            f"(python tools/envs.py create {info.environment})."
         ) from error
     return module.STACK

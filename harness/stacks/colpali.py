@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from harness.ops import ColpaliInBatchMaxSim
-from harness.stacks import STACK_INFO, BuiltCell, colpali_data, colqwen2_model, measurement_arguments, release, switch_backend
+from harness.spec import STACKS
+from harness.stacks import BuiltCell, colpali_data, colqwen2_model, measurement_arguments, release, switch_backend
 
 NATIVE_SWITCH_SINCE = (0, 3, 17)
 BACKEND_SWITCH = {"vanilla": "torch", "lik": "lik"}
@@ -83,7 +84,7 @@ def trainer_class():  # type: ignore[no-untyped-def]
 
 class ColpaliStack:
     name = "colpali"
-    regimes = STACK_INFO["colpali"].regimes
+    regimes = STACKS["colpali"].regimes
     presets = tuple(colqwen2_model.PRESETS)
     op = ColpaliInBatchMaxSim()
 

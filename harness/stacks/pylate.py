@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from harness.ops import PylateColbertScores
-from harness.stacks import STACK_INFO, BuiltCell, measurement_arguments, msmarco, pylate_model, release, switch_backend
+from harness.spec import STACKS
+from harness.stacks import BuiltCell, measurement_arguments, msmarco, pylate_model, release, switch_backend
 
 BACKEND_SWITCH = {"vanilla": "torch", "lik": "lik", "flash": "flash"}
 NATIVE_SWITCH_SINCE = (1, 5, 1)
@@ -35,7 +36,7 @@ def select_backend(variant: str) -> str:
 
 class PylateStack:
     name = "pylate"
-    regimes = STACK_INFO["pylate"].regimes
+    regimes = STACKS["pylate"].regimes
     presets = tuple(pylate_model.PRESETS)
     op = PylateColbertScores()
 

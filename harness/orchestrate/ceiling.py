@@ -1,0 +1,81 @@
+"""Run ceiling searches: the probes each search (:mod:`harness.search`) names next, until it ends.
+
+A search's probes run one after another, since each decides the next; searches run side by side,
+``cells_per_gpu`` per GPU. A probe that crashed because the device, not its card's cap, ran out
+beside other probes (its marker's ``failure`` says ``device_out_of_memory``) runs again alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from harness import gpu_gate
+from harness.grid import GridCell
+from harness.orchestrate.launcher import Gate, Layout, launch, state
+from harness.orchestrate.pool import cell_environment, run_on_gpus
+from harness.search import Ceiling, CeilingSearch, describe, search_state
+
+
+def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gate | None,
+               echo: Callable[[str], None] = print, rerun_crashed: bool = False) -> Ceiling:  # fmt: skip
+    """Run the probes a search still needs, one at a time, and return where it ends."""
+    rerun = set()  # crashed probes run again once each, not again and again
+    while True:
+        ceiling, spec = search_state(search, layout.results_dir, rerun_crashed)
+        if spec is None:
+            return ceiling
+        cell = GridCell(search.grid, spec, search.kernel)
+        if cell.cell_id in rerun:
+            return search_state(search, layout.results_dir)[0]  # it crashed again: stop there
+        if state(cell, layout) == "crashed":
+            rerun.add(cell.cell_id)
+        run = launch(cell, layout, gpu, gate)
+        if run.failure == "device_out_of_memory" and gate is not None and gate.share_gib is not None:
+            echo(f"  {cell.cell_id}: the device, not the card's cap, ran out beside other probes; running it alone")
+            run = launch(cell, layout, gpu, dataclasses.replace(gate, share_gib=None))
+        where = f" on GPU {gpu}" if gpu is not None else ""
+        echo(f"  {cell.cell_id}: {run.outcome} in {run.seconds:.0f}s{where}" + (f" ({run.phases})" if run.phases else ""))
+
+
+def run_searches(searches: Sequence[CeilingSearch], layout: Layout, gpus: Sequence[str] | None = None,
+                 cells_per_gpu: int = 1, echo: Callable[[str], None] = print, rerun_crashed: bool = False,
+                 share_gib: Mapping[str | None, float] | None = None) -> list[Ceiling]:  # fmt: skip
+    """Run searches side by side: ``cells_per_gpu`` searches per GPU (one without GPUs). Where
+    ``share_gib`` gives a GPU's memory, as many probes measure on it at once as their card caps fit
+    (:mod:`harness.gpu_gate`). Returns one Ceiling per search, in order; a search that raised is
+    returned stopped, with the error, and the others go on."""
+    ceilings: list[Ceiling | None] = [None] * len(searches)
+    lock = threading.Lock()
+    started = time.perf_counter()
+
+    def say(line: str) -> None:
+        with lock:
+            echo(line)
+
+    def run(index: int, slot: str | None, gate: Gate) -> None:
+        try:
+            ceilings[index] = run_search(searches[index], layout, slot, gate, say, rerun_crashed)
+        except Exception as error:  # noqa: BLE001 — one broken search must not silently end the others
+            ceilings[index] = Ceiling(stopped=f"{type(error).__name__}: {error}")
+        say(f"[{time.perf_counter() - started:.0f}s] {describe(searches[index], ceilings[index] or Ceiling())}")
+
+    run_on_gpus(len(searches), run, gpus, cells_per_gpu, share_gib)
+    return [ceiling or Ceiling(stopped="never started") for ceiling in ceilings]
+
+
+def share_budgets(spec: str, gpus: Sequence[str] | None) -> dict[str | None, float]:
+    """``--share-gpu``'s budget per GPU: ``free`` (nvidia-smi's free memory less 1 GiB) or GiB for each."""
+    slots: list[str | None] = list(gpus) if gpus else [None]
+    if spec != "free":
+        budgets = dict.fromkeys(slots, gpu_gate.parse_budget(spec, "--share-gpu takes GiB or nothing"))
+    else:
+        budgets = {slot: gpu_gate.free_memory_gib(cell_environment(slot, os.environ)["CUDA_VISIBLE_DEVICES"]) - 1.0 for slot in slots}
+    for slot, budget in budgets.items():
+        if budget <= gpu_gate.CONTEXT_MARGIN_GIB:
+            raise ValueError(f"GPU {slot or 'default'} has {budget:.1f} GiB to share, too little for any capped probe; "
+                             "is another process using it?")  # fmt: skip
+    return budgets

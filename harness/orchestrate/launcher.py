@@ -1,0 +1,203 @@
+"""One cell, launched: a fresh papermill kernel of its stack's notebook, and what came of it.
+
+Every launch ends with a result file: the cell's own (``ok``/``oom``) or a crash marker written
+here (outcome ``crashed``) whose ``failure`` says why, read from the executed notebook — papermill
+records each cell's status and any error's name there — never grepped from log text:
+``kernel_never_started`` (no code cell ran: started again, up to twice), ``device_out_of_memory``
+(the cell raised :class:`harness.cell.DeviceOutOfMemory`: beside other cells the device, not the
+card's cap, ran out), ``error`` (the notebook raised) or ``kernel_died`` (it stopped mid-cell).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import nbformat
+import yaml
+
+from harness import allocator
+from harness.grid import GridCell
+from harness.orchestrate.pool import Gate, cell_environment
+from harness.results import CellResult, Failure, ResultError, load_result, write_result
+from harness.spec import STACKS, admits, notebook_parameters
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+KERNEL_START_ATTEMPTS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a grid's files go: results under ``results_dir``, executed notebooks under ``notebooks_dir``,
+    each as ``<grid>/<stack>/<regime or head>/<cell id>``."""
+
+    results_dir: Path
+    notebooks_dir: Path
+
+    def result_path(self, cell: GridCell) -> Path:
+        return self.results_dir.joinpath(cell.grid, *cell.spec.folder, f"{cell.cell_id}.json")
+
+    def notebook_path(self, cell: GridCell) -> Path:
+        return self.notebooks_dir.joinpath(cell.grid, *cell.spec.folder, f"{cell.cell_id}.ipynb")
+
+    def log_path(self, cell: GridCell) -> Path:
+        return self.result_path(cell).with_suffix(".log")
+
+
+@dataclasses.dataclass
+class CellRun:
+    """How one launch ended, for progress lines and summaries."""
+
+    cell: GridCell
+    outcome: str
+    seconds: float
+    slot: str
+    detail: str = ""
+    phases: str = ""  # where the time went: "wait 31s · device 3s · build 40s · train 86s · replay 2s"
+    failure: Failure | None = None
+
+
+State = Literal["done", "crashed", "missing", "broken"]
+
+
+def state(cell: GridCell, layout: Layout) -> State:
+    """``done`` (a valid ok/oom result of this cell), ``crashed`` (a crash marker), ``missing``, or
+    ``broken`` (a file that is not a valid result of this cell: truncated, foreign, another spec)."""
+    path = layout.result_path(cell)
+    if not path.exists():
+        return "missing"
+    try:
+        result = load_result(path)
+    except ResultError:
+        return "broken"
+    if result.grid != cell.grid or not admits(cell.spec, result.spec):
+        return "broken"
+    return "crashed" if result.outcome == "crashed" else "done"
+
+
+def set_aside(path: Path) -> Path:
+    """Move a broken result out of the report's way, keeping it: ``<name>.json.broken[-N]``."""
+    target = path.with_name(path.name + ".broken")
+    index = 1
+    while target.exists():
+        target, index = path.with_name(f"{path.name}.broken-{index}"), index + 1
+    os.replace(path, target)
+    return target
+
+
+def jupyter_path(base: Mapping[str, str]) -> str:
+    """JUPYTER_PATH with this checkout's environments first: their kernels live inside them, so
+    two checkouts on one machine never run each other's environments."""
+    own = [str(share) for share in sorted((ROOT / ".venvs").glob("*/share/jupyter")) if share.is_dir()]
+    return os.pathsep.join([*own, *[part for part in base.get("JUPYTER_PATH", "").split(os.pathsep) if part]])
+
+
+def launch(cell: GridCell, layout: Layout, gpu: str | None, gate: Gate | None = None) -> CellRun:
+    """One fresh-kernel papermill run of ``cell``; a crash marker if it ends without its own result."""
+    result_path, notebook_path, log_path = layout.result_path(cell), layout.notebook_path(cell), layout.log_path(cell)
+    # papermill writes as it goes; the notebook reaches the book only once the cell has ended, so a
+    # sweep stopped mid-cell leaves no half-run notebook there (the cell simply runs again on resume).
+    running_path = result_path.with_suffix(".running.ipynb")
+    for path in (result_path, notebook_path, log_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    spec = cell.spec
+    command = [sys.executable, "-m", "papermill", str(ROOT / STACKS[spec.stack].notebook), str(running_path),
+               "-k", cell.kernel or STACKS[spec.stack].kernel, "--cwd", str(ROOT), "--no-progress-bar"]  # fmt: skip
+    parameters = notebook_parameters(spec) | {"output": str(result_path.resolve()), "grid": cell.grid}
+    for key, value in parameters.items():
+        command += ["-y", yaml.safe_dump({key: value}, default_flow_style=True).strip()]
+    env = allocator.environment_for(spec.allocator, cell_environment(gpu, os.environ))
+    env["JUPYTER_PATH"] = jupyter_path(env)
+    if gate is not None:
+        env.update(gate.environment())
+    result_path.unlink(missing_ok=True)  # a stale crash marker must not pass for this run's result
+    started = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+            running_path.unlink(missing_ok=True)
+            completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            failure = None if completed.returncode == 0 else notebook_failure(running_path)
+            if failure is None or failure[0] != "kernel_never_started" or attempt == KERNEL_START_ATTEMPTS:
+                break
+            log.write(f"\nharness: the kernel died before it ran a cell (attempt {attempt}); starting the cell again\n")
+            log.flush()
+            time.sleep(attempt)
+    seconds = time.perf_counter() - started
+    result = _own_result(result_path, cell)
+    if result is None or (completed.returncode != 0 and result.outcome == "ok"):
+        kind, message = failure or ("error", "the notebook ended without writing a valid result of this cell")
+        marker = CellResult.crashed(spec, cell.grid, kind, log_tail(log_path, lines=40), seconds, message)
+        write_result(marker, result_path)
+        _publish_notebook(running_path, notebook_path, f"{spec.title} — crashed")
+        return CellRun(cell, "crashed", seconds, gpu or "-", f"{kind}: {message}; log {log_path}", failure=kind)
+    _publish_notebook(running_path, notebook_path, f"{spec.title} — {result.outcome}")
+    return CellRun(cell, result.outcome, seconds, gpu or "-", result.oom_message or "", describe_phases(result))
+
+
+def _own_result(path: Path, cell: GridCell) -> CellResult | None:
+    """The result at ``path`` if it is a valid result of ``cell`` (its grid, its spec)."""
+    try:
+        result = load_result(path)
+    except ResultError:
+        return None
+    return result if result.grid == cell.grid and admits(cell.spec, result.spec) else None
+
+
+def notebook_failure(path: Path) -> tuple[Failure, str | None]:
+    """Why an executed notebook failed, from papermill's record in it: no code cell started (or no
+    notebook at all) → ``kernel_never_started``; a cell's error output → ``error`` with its name and
+    value (``device_out_of_memory`` for :class:`harness.cell.DeviceOutOfMemory`); else ``kernel_died``."""
+    try:
+        notebook = nbformat.read(path, as_version=4)
+    except (OSError, ValueError):
+        return "kernel_never_started", "no executed notebook was written"
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    if all(cell.get("metadata", {}).get("papermill", {}).get("status", "pending") == "pending" for cell in code):
+        return "kernel_never_started", "no code cell of the notebook ran"
+    for cell in code:
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                kind: Failure = "device_out_of_memory" if output.get("ename") == "DeviceOutOfMemory" else "error"
+                return kind, f"{output.get('ename')}: {output.get('evalue')}"
+    return "kernel_died", "the kernel stopped in the middle of a cell"
+
+
+def log_tail(log_path: Path, lines: int | None = None, offset: int = 0) -> str:
+    """A cell log's last ``lines`` lines (all of them: None), read from byte ``offset`` on."""
+    with open(log_path, "rb") as log:
+        log.seek(offset)
+        text = log.read().decode("utf-8", errors="replace")
+    return text if lines is None else "".join(text.splitlines(keepends=True)[-lines:])
+
+
+def describe_phases(result: CellResult) -> str:
+    """Where a cell's time went, for the progress line: the GPU gate's wait, then each phase."""
+    phases = [("wait", result.gpu_wait_sec or 0.0), *result.phase_sec.items()]
+    return " · ".join(f"{name} {seconds:.0f}s" for name, seconds in phases if seconds >= 0.5)
+
+
+def _publish_notebook(running_path: Path, notebook_path: Path, title: str) -> None:
+    """Title the executed notebook and move it into the book in one step (same file system)."""
+    if not running_path.exists():
+        return
+    _retitle(running_path, title)
+    os.replace(running_path, notebook_path)
+
+
+def _retitle(notebook_path: Path, title: str) -> None:
+    """Give the executed notebook a readable title (its first heading) for the book; outputs untouched."""
+    notebook = nbformat.read(notebook_path, as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown" and cell.source.lstrip().startswith("# "):
+            _, _, rest = cell.source.lstrip().partition("\n")
+            cell.source = f"# {title}\n{rest}"
+            break
+    else:
+        notebook.cells.insert(0, nbformat.v4.new_markdown_cell(f"# {title}"))
+    nbformat.write(notebook, notebook_path)

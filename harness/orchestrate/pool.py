@@ -1,0 +1,97 @@
+"""One worker pool for sweeps and ceiling searches: tasks taken in order by workers bound to GPUs.
+
+A cell always sees exactly one GPU (``CUDA_VISIBLE_DEVICES``): with two visible, transformers'
+Trainer would train with DataParallel, another cell than the one asked for. Each GPU has a gate
+(:mod:`harness.gpu_gate`), a lock file its cells enter before creating a CUDA context, so several
+workers per GPU overlap their cells' start-up while measuring one at a time — or, given a share
+budget, as many at once as their card caps fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from harness import gpu_gate
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """A GPU's gate: its lock file, and the GiB its cells may share (None: each cell measures alone)."""
+
+    path: Path
+    share_gib: float | None = None
+
+    def environment(self) -> dict[str, str]:
+        env = {gpu_gate.LOCK_VARIABLE: str(self.path)}
+        if self.share_gib is not None:
+            env[gpu_gate.SHARE_VARIABLE] = f"{self.share_gib:.2f}"
+        return env
+
+
+def cell_environment(gpu: str | None, base: Mapping[str, str]) -> dict[str, str]:
+    """The cell's environment, pinned to exactly one GPU: ``gpu``, or else the first visible one."""
+    env = dict(base)
+    if gpu is None:
+        visible = [part for part in base.get("CUDA_VISIBLE_DEVICES", "0").split(",") if part.strip()]
+        gpu = visible[0].strip() if visible else "0"
+    env["CUDA_VISIBLE_DEVICES"] = gpu
+    return env
+
+
+GATE_DIR_VARIABLE = "MAXSIM_GATE_DIR"
+
+
+def gate_path(gpu: str | None) -> Path:
+    """The lock file one GPU's cells take before measuring, shared by every sweep on this host (in
+    the temporary directory, or ``$MAXSIM_GATE_DIR``: tests use their own)."""
+    gpu = cell_environment(gpu, os.environ)["CUDA_VISIBLE_DEVICES"]
+    folder = Path(os.environ.get(GATE_DIR_VARIABLE) or tempfile.gettempdir())
+    return folder / f"maxsim-gpu-{gpu}.gate"
+
+
+def run_on_gpus(count: int, task: Callable[[int, str | None, Gate], None], gpus: Sequence[str] | None,
+                cells_per_gpu: int = 1, share_gib: Mapping[str | None, float] | None = None) -> None:  # fmt: skip
+    """Call ``task(index, gpu, gate)`` once for every index below ``count``, taken in order by
+    ``cells_per_gpu`` workers per GPU (without GPUs: that many workers on the default one). A GPU's
+    workers share its gate, so their cells measure one at a time — or, where ``share_gib`` gives
+    that GPU's memory, as many at once as their card caps fit in it."""
+    if cells_per_gpu < 1:
+        raise ValueError(f"cells_per_gpu must be at least 1, got {cells_per_gpu}")
+    work: queue.Queue[int] = queue.Queue()
+    for index in range(count):
+        work.put(index)
+
+    def worker(slot: str | None, gate: Gate) -> None:
+        while True:
+            try:
+                index = work.get_nowait()
+            except queue.Empty:
+                return
+            task(index, slot, gate)
+
+    slots: list[str | None] = list(gpus) if gpus else [None]
+    gates = {slot: Gate(gate_path(slot), (share_gib or {}).get(slot)) for slot in slots}
+    threads = [threading.Thread(target=worker, args=(slot, gates[slot])) for slot in slots for _ in range(cells_per_gpu)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def visible_gpus(spec: str) -> list[str]:
+    """``--gpus``: '0,1' as given, or 'all' as many as ``nvidia-smi`` lists (no CUDA context here)."""
+    if spec != "all":
+        return [part.strip() for part in spec.split(",") if part.strip()]
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                                text=True, check=True, timeout=60).stdout.split()  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as error:
+        raise ValueError(f"--gpus all: cannot list the GPUs with nvidia-smi ({error}); name them, e.g. --gpus 0,1") from None
+    return listed

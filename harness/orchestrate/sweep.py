@@ -1,0 +1,81 @@
+"""Run a grid: every cell that has no result yet, one fresh papermill kernel each.
+
+A sweep resumes: cells with a valid ``ok``/``oom`` result of their own spec are skipped; crashed
+ones run again on request (``--rerun-crashed``); a file at a cell's path that is not a valid result
+of that cell (truncated, foreign, another spec) is set aside as ``*.broken`` — and said — before
+the cell runs again. Cells run one after another on one GPU, or one per GPU with ``--gpus``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.grid import GridCell
+from harness.orchestrate.launcher import ROOT, CellRun, Layout, Gate, launch, set_aside, state
+from harness.orchestrate.pool import run_on_gpus
+from harness.results import load_result
+from harness.spec import STACKS
+
+
+def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | None = None, rerun_crashed: bool = False,
+              echo: Callable[[str], None] = print, cells_per_gpu: int = 1) -> list[CellRun]:  # fmt: skip
+    """Run every cell that needs it: ``cells_per_gpu`` workers per GPU (or on the default one),
+    whose cells start up together but measure one at a time (:mod:`harness.gpu_gate`)."""
+    todo = []
+    for cell in cells:
+        current = state(cell, layout)
+        if current == "broken":
+            moved = set_aside(layout.result_path(cell))
+            echo(f"  {cell.cell_id}: its result file was not a valid result of this cell; kept aside as {moved.name}")
+        if current in ("missing", "broken") or (rerun_crashed and current == "crashed"):
+            todo.append(cell)
+    echo(f"{len(cells)} cells in the grid: {len(cells) - len(todo)} already have a result, {len(todo)} to run"
+         + (f" on GPUs {', '.join(gpus)}" if gpus else " one after another"))  # fmt: skip
+    runs: list[CellRun] = []
+    lock = threading.Lock()
+    started = time.perf_counter()
+
+    def run(index: int, slot: str | None, gate: Gate) -> None:
+        cell = todo[index]
+        with lock:
+            echo(f"  start {cell.cell_id}" + (f" on GPU {slot}" if slot is not None else ""))
+        done = launch(cell, layout, slot, gate)
+        with lock:
+            runs.append(done)
+            phases = f"; {done.phases}" if done.phases else ""
+            echo(f"[{len(runs)}/{len(todo)}] {cell.cell_id}: {done.outcome} in {done.seconds:.0f}s"
+                 f" (elapsed {time.perf_counter() - started:.0f}s{phases}){' — ' + done.detail if done.detail else ''}")  # fmt: skip
+
+    run_on_gpus(len(todo), run, gpus, cells_per_gpu)
+    echo(summary(cells, layout, time.perf_counter() - started))
+    return runs
+
+
+def summary(cells: Sequence[GridCell], layout: Layout, seconds: float) -> str:
+    lines = [f"sweep finished in {seconds:.0f}s"]
+    counts: dict[str, int] = {}
+    for cell in cells:
+        current = state(cell, layout)
+        outcome = load_result(layout.result_path(cell)).outcome if current in ("done", "crashed") else current
+        counts[outcome] = counts.get(outcome, 0) + 1
+        lines.append(f"  {outcome:8s} {cell.cell_id}")
+    lines.insert(1, "  " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())))
+    return "\n".join(lines)
+
+
+def skypilot_task(grid_path: Path, cells: Sequence[GridCell]) -> dict[str, Any]:
+    """A SkyPilot task that creates the environments its stacks need and runs this grid."""
+    environments = sorted({STACKS[cell.spec.stack].environment for cell in cells})
+    setup = [f"python3 tools/envs.py create {environment} --torch system" for environment in environments]
+    relative = grid_path.resolve().relative_to(ROOT)
+    return {
+        "name": f"maxsim-{cells[0].grid}" if cells else "maxsim-sweep",
+        "workdir": ".",
+        "resources": {"accelerators": "H100:1", "disk_size": 200},
+        "setup": "set -e\n" + "\n".join(setup) + "\n",
+        "run": f"set -e\n.venvs/{environments[0] if environments else 'pylate'}/bin/harness sweep {relative} --gpus all\n",
+    }

@@ -1,0 +1,360 @@
+"""Loading: what the book's pages read, from the committed results only.
+
+A result belongs to the report when the grid it embeds is one of the report's grids (a grid file of
+``grids/``, or the shared-GPU check): the grid is read from the result, never derived from where the
+file lies. Every other file under the results folder — unreadable, not JSON, not a result, an older
+schema, a cell of no report grid — is kept with its reason in :attr:`Results.skipped` and never
+stops the book.
+
+Cell data comes as DataFrames whose columns are the result schema's field names (see
+:func:`harness.results.frame_of`) plus ``backend``, the label pages group by. Ceiling searches and
+the shared-GPU check come as typed rows. Torch-free: nothing here runs a cell.
+
+``python -m harness.report.data --check [RESULTS_DIR]`` prints every file the report skips, with its
+reason (``make report`` runs it before building the book).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from harness.grid import ROOT, grid_names
+from harness.results import CellResult, Skipped, default_results_dir, frame_of, read_results
+from harness.search import Ceiling, CeilingSearch, Probes, load_searches, search_state
+from harness.spec import CARDS
+
+SHARED_CHECK = "shared-gpu-check"  # ceiling probes run again on a shared GPU: a grid name of its own
+CEILINGS = "ceilings"  # the grid of the ceiling searches' probes
+CEILINGS_GRID = ROOT / "grids" / "ceilings.yaml"
+PUBLISHED = ROOT / "book" / "data" / "published.csv"
+GIB_PER_MIB = 1 / 1024
+
+Item = tuple[Path, CellResult]
+
+
+def report_grids() -> frozenset[str]:
+    """The grids whose results the report reads: every grid file's name, and the shared-GPU check."""
+    return frozenset(grid_names()) | {SHARED_CHECK}
+
+
+@dataclasses.dataclass(frozen=True)
+class Results:
+    """The results under a results folder that belong to the report, and every file it cannot use."""
+
+    root: Path
+    found: tuple[Item, ...]
+    skipped: tuple[Skipped, ...]
+
+    def of(self, *grids: str) -> list[Item]:
+        """The (path, result) pairs of ``grids``, in path order."""
+        return [(path, result) for path, result in self.found if result.grid in grids]
+
+    def but(self, *grids: str) -> list[Item]:
+        """The (path, result) pairs of every report grid except ``grids``, in path order."""
+        return [(path, result) for path, result in self.found if result.grid not in grids]
+
+    def by_id(self, grid: str) -> dict[str, CellResult]:
+        """The results of one grid by cell id."""
+        return {result.cell_id: result for _, result in self.of(grid)}
+
+
+Source = Results | str | os.PathLike[str] | None
+
+
+def read(results_dir: str | os.PathLike[str] | None = None) -> Results:
+    """Every result of a report grid under ``results_dir`` (default: the committed ``results/``, or
+    ``$MAXSIM_RESULTS_DIR``), and every file skipped with its one-line reason."""
+    root = Path(results_dir or default_results_dir())
+    found, skipped = read_results(root, grids=report_grids()) if root.exists() else ([], [])
+    return Results(root, tuple(found), tuple(skipped))
+
+
+def results_of(source: Source) -> Results:
+    """``source`` as :class:`Results`: read from a folder (None: the default one), or as given."""
+    return source if isinstance(source, Results) else read(source)
+
+
+# ---- cells ---------------------------------------------------------------------------------------
+
+
+def backend_label(variant: str, chunk: float | None) -> str:
+    """vanilla, lik, flash, or 'vanilla + chunk 64' for PyLate's own mitigation."""
+    if chunk is None or (isinstance(chunk, float) and math.isnan(chunk)):
+        return variant
+    return f"{variant} + chunk {int(chunk)}"
+
+
+def with_backend(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add the ``backend`` column (variant, or 'vanilla + chunk N') to a results frame, in place."""
+    if not frame.empty:
+        frame["backend"] = [backend_label(v, c) for v, c in zip(frame["variant"], frame["score_mini_batch_size"])]
+    return frame
+
+
+def load(source: Source = None, leave_out: tuple[str, ...] = (CEILINGS, SHARED_CHECK)) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cells, isolated calls) with a ``backend`` column, of every report grid but ``leave_out``:
+    ceiling probes have their own page, and the shared-GPU check its own table."""
+    chosen = results_of(source).but(*leave_out)
+    cells = with_backend(frame_of(chosen))
+    calls = with_backend(frame_of(chosen, level="calls"))
+    if not calls.empty:
+        calls = calls[calls["call_kind"] == "isolated"]
+    return cells, calls
+
+
+def all_cells(source: Source = None) -> pd.DataFrame:
+    """Every result of every report grid, one row each (the results page)."""
+    return frame_of(results_of(source).found)
+
+
+def select(frame: pd.DataFrame, stack: str, regime: str, card: str | None = None) -> pd.DataFrame:
+    """The rows of one stack and regime (and card, if given)."""
+    if frame.empty:
+        return frame
+    chosen = frame[(frame["stack"] == stack) & (frame["regime"] == regime)]
+    return chosen if card is None else chosen[chosen["card"] == card]
+
+
+def matching(frame: pd.DataFrame, **values: object) -> pd.DataFrame:
+    """The rows of ``frame`` whose columns equal ``values`` (column=value for each)."""
+    keep = pd.Series(True, index=frame.index)
+    for column, value in values.items():
+        keep &= frame[column] == value
+    return frame[keep]
+
+
+def op_level(cells: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
+    """Op-level cells (a loss head alone), one row each, with the head's isolated memory joined in
+    (``saved_for_backward_mib``, ``backward_transient_peak_mib`` and their sum ``total_mib``)."""
+    if cells.empty or "negatives" not in cells:
+        return pd.DataFrame()
+    ops = cells[cells["stack"].str.startswith("op-")].copy()
+    if ops.empty:
+        return ops
+    ops["negatives"] = ops["negatives"].astype("Int64")
+    memory = calls[calls["stack"].str.startswith("op-")] if not calls.empty else calls
+    keys = ["stack", "regime", "batch_size", "negatives", "variant"]
+    if not memory.empty:
+        memory = memory.assign(negatives=memory["negatives"].astype("Int64"))
+        footprint = memory.assign(total_mib=memory["saved_for_backward_mib"] + memory["backward_transient_peak_mib"])
+        columns = keys + ["saved_for_backward_mib", "backward_transient_peak_mib", "total_mib"]
+        ops = ops.merge(footprint[columns], on=keys, how="left")
+    return ops
+
+
+def published(stack: str, regime: str) -> pd.DataFrame:
+    """The published measurements of one stack and regime (``book/data/published.csv``)."""
+    frame = pd.read_csv(PUBLISHED)
+    return frame[(frame["stack"] == stack) & (frame["regime"] == regime)]
+
+
+# ---- ceiling probes and searches -----------------------------------------------------------------
+
+
+def ceiling_probes(source: Source = None) -> pd.DataFrame:
+    """Every committed ceiling probe, one row each, with its backend label."""
+    return with_backend(frame_of(results_of(source).of(CEILINGS)))
+
+
+def probes_of(probes: pd.DataFrame, stack: str, regime: str, batch: int, backend: str, card: str,
+              allocator: str = "default") -> pd.DataFrame:  # fmt: skip
+    """The ceiling probes of one batch (every seed run), sorted by seed."""
+    if probes.empty:
+        return probes
+    chosen = matching(probes, stack=stack, regime=regime, batch_size=batch, backend=backend, card=card, allocator=allocator)
+    return chosen.sort_values("seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchRow:
+    """One ceiling search: what it searches, where it stands (read from its probes exactly as the
+    search itself decides), and what its probes measured at the ceiling and on the batch above it.
+
+    The peaks are the largest over the seeds that trained the ceiling batch (None before a batch
+    fits). ``usable_gib`` is the cap the probes ran under (the whole device for the native card);
+    for a search with no probe yet, the card's.
+    """
+
+    search: CeilingSearch
+    ceiling: Ceiling
+    probes: int  # probes with a result
+    usable_gib: float | None
+    peak_alloc_gib: float | None = None
+    peak_reserved_gib: float | None = None
+    fragmentation_gib: float | None = None  # reserved − allocated at the step peak
+    fragmentation_growth_mib: float | None = None  # its change from the first step to the last
+    op_held_mib: float | None = None  # the MaxSim op's memory held for backward (isolated replay)
+    fails_where: str | None = None  # where the batch above ran out of memory: "maxsim" or "elsewhere"
+    fails_message: str | None = None  # that out-of-memory message
+
+    stack = property(lambda self: self.search.stack)
+    regime = property(lambda self: self.search.regime)
+    card = property(lambda self: self.search.card)
+    allocator = property(lambda self: self.search.allocator)
+    fits = property(lambda self: self.ceiling.fits)
+    fails = property(lambda self: self.ceiling.fails)
+    done = property(lambda self: self.ceiling.done)
+    stopped = property(lambda self: self.ceiling.stopped)
+
+    @property
+    def backend(self) -> str:
+        return backend_label(self.search.variant, self.search.score_mini_batch_size)
+
+    @property
+    def headroom_gib(self) -> float | None:
+        """Usable memory less the peak reserved at the ceiling."""
+        if self.usable_gib is None or self.peak_reserved_gib is None:
+            return None
+        return self.usable_gib - self.peak_reserved_gib
+
+    @property
+    def settled(self) -> int | None:
+        """The batch a finished search found to fit on every seed (for a search that reached its
+        limit, a lower bound); None while it runs, once it stopped, or where nothing fit."""
+        return self.fits if self.done and not self.stopped else None
+
+
+def ceilings(source: Source = None, grid_file: Path = CEILINGS_GRID) -> list[SearchRow]:
+    """One row per ceiling search of ``grid_file``, in the grid's order."""
+    results = results_of(source)
+    searches = load_searches(grid_file)
+    grids = sorted({search.grid for search in searches})
+    frame = frame_of(results.of(*grids))
+    by_grid = {grid: results.by_id(grid) for grid in grids}
+    return [search_row(search, Probes(search, by_grid[search.grid]), frame) for search in searches]
+
+
+def search_row(search: CeilingSearch, probes: Probes, frame: pd.DataFrame) -> SearchRow:
+    """A search's row: its state from ``probes``, its measurements from their rows of ``frame``."""
+    ceiling, _ = search_state(search, probes)
+    ids = {result.cell_id for result in probes.by_probe.values()}
+    mine = frame[(frame["grid"] == search.grid) & frame["cell_id"].isin(ids)] if ids else frame.iloc[0:0]
+    at_fit = mine[mine["batch_size"] == ceiling.fits]
+    at_fail = mine[(mine["batch_size"] == ceiling.fails) & (mine["outcome"] == "oom")]
+    usable = _largest(mine, "memory_limit_mib", GIB_PER_MIB)
+    failure = at_fail.iloc[0] if not at_fail.empty else None
+    return SearchRow(
+        search=search, ceiling=ceiling, probes=len(mine),
+        usable_gib=usable if usable is not None else CARDS[search.card].usable_gib,
+        peak_alloc_gib=_largest(at_fit, "step_peak_alloc_mib", GIB_PER_MIB),
+        peak_reserved_gib=_largest(at_fit, "step_peak_reserved_mib", GIB_PER_MIB),
+        fragmentation_gib=_largest(at_fit, "fragmentation_mib", GIB_PER_MIB),
+        fragmentation_growth_mib=_largest(at_fit, "fragmentation_growth_mib"),
+        op_held_mib=_largest(at_fit, "op_saved_for_backward_mib"),
+        fails_where=None if failure is None else failure["oom_where"],
+        fails_message=None if failure is None else failure["oom_message"],
+    )  # fmt: skip
+
+
+def _largest(frame: pd.DataFrame, column: str, scale: float = 1.0) -> float | None:
+    """The largest value of a column, scaled; None where the frame has no value there."""
+    value = pd.to_numeric(frame[column], errors="coerce").max() if not frame.empty else None
+    return None if value is None or pd.isna(value) else float(value) * scale
+
+
+def find_search(rows: Sequence[SearchRow], stack: str, regime: str, backend: str, card: str,
+                allocator: str = "default") -> SearchRow | None:  # fmt: skip
+    """One search's row; None where the grid has no such search."""
+    for row in rows:
+        if (row.stack, row.regime, row.backend, row.card, row.allocator) == (stack, regime, backend, card, allocator):
+            return row
+    return None
+
+
+def finished(rows: Sequence[SearchRow], allocator: str = "default") -> list[SearchRow]:
+    """The searches under ``allocator`` that are over with a batch that fits."""
+    return [row for row in rows if row.allocator == allocator and row.done and row.fits is not None]
+
+
+def group_by(rows: Sequence[SearchRow], *fields: str, sort: bool = False) -> dict[tuple[object, ...], list[SearchRow]]:
+    """Rows grouped by the values of ``fields``: in order of first appearance, or sorted by key."""
+    groups: dict[tuple[object, ...], list[SearchRow]] = {}
+    for row in rows:
+        groups.setdefault(tuple(getattr(row, field) for field in fields), []).append(row)
+    return dict(sorted(groups.items())) if sort else groups
+
+
+# ---- the shared-GPU check ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedCheck:
+    """A ceiling probe run again on a shared GPU (grid ``shared-gpu-check``) beside the same probe
+    (same cell id) committed from a GPU it had alone (grid ``ceilings``)."""
+
+    shared: CellResult
+    alone: CellResult
+
+    @property
+    def probe(self) -> str:
+        return self.shared.cell_id
+
+    @property
+    def same_steps(self) -> bool:
+        """Every step's allocated and reserved peaks equal to the byte."""
+        shared, alone = self.shared, self.alone
+        return (shared.step_peak_alloc_per_step_mib, shared.step_peak_reserved_per_step_mib) == (
+            alone.step_peak_alloc_per_step_mib, alone.step_peak_reserved_per_step_mib)  # fmt: skip
+
+    @property
+    def identical(self) -> bool:
+        """The same outcome and step peaks, and the same peaks step by step."""
+        shared, alone = self.shared, self.alone
+        return self.same_steps and (shared.outcome, shared.step_peak_alloc_mib, shared.step_peak_reserved_mib) == (
+            alone.outcome, alone.step_peak_alloc_mib, alone.step_peak_reserved_mib)  # fmt: skip
+
+    @property
+    def slowdown(self) -> float | None:
+        """The shared run's steady step time over the one it had alone."""
+        shared, alone = self.shared.steady_step_time_sec, self.alone.steady_step_time_sec
+        return None if shared is None or alone is None else shared / alone
+
+
+def shared_checks(source: Source = None) -> list[SharedCheck]:
+    """Every probe of the shared-GPU check that has its twin among the ceiling probes, in path order."""
+    results = results_of(source)
+    alone = results.by_id(CEILINGS)
+    shared = [result for _, result in results.of(SHARED_CHECK)]
+    return [SharedCheck(result, alone[result.cell_id]) for result in shared if result.cell_id in alone]
+
+
+# ---- the check `make report` runs ----------------------------------------------------------------
+
+
+def check_lines(results: Results) -> list[str]:
+    """What the report reads and every file it skips, with the reason, one line each."""
+    grids = ", ".join(sorted({result.grid or "" for _, result in results.found})) or "none"
+    lines = [f"{len(results.found)} results of the report's grids under {results.root} (grids: {grids})."]
+    if results.skipped:
+        lines.append(f"{len(results.skipped)} file{'s' if len(results.skipped) > 1 else ''} skipped:")
+        lines += [f"  {_relative(item.path, results.root)}: {item.reason}" for item in results.skipped]
+    return lines
+
+
+def _relative(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``--check``: print the results read and every file skipped with its reason."""
+    parser = argparse.ArgumentParser(prog="python -m harness.report.data", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="print what the report reads and every file it skips")
+    parser.add_argument("results_dir", nargs="?", default=None, help="default: results/ (or $MAXSIM_RESULTS_DIR)")
+    args = parser.parse_args(argv)
+    if not args.check:
+        parser.print_help()
+        return 0
+    results = read(args.results_dir)
+    print("\n".join(check_lines(results)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

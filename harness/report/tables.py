@@ -1,0 +1,259 @@
+"""Tables the pages show, with display headers, computed from the frames and rows of :mod:`harness.report.data`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from harness.report.data import GIB_PER_MIB, SearchRow, SharedCheck, backend_label
+from harness.report.text import card_label, cards_in_order, ceiling_text, cell_words, failed_request, missing, number
+from harness.results import Skipped
+
+# ---- a stack page's cells ------------------------------------------------------------------------
+
+
+def op_vram_table(calls: pd.DataFrame) -> pd.DataFrame:
+    """Isolated-replay op memory per batch size and backend (largest recorded shape of each cell).
+
+    ``total`` is held + backward spike: the op's own footprint at its backward peak.
+    """
+    if calls.empty:
+        return pd.DataFrame()
+    rows = []
+    for (batch, backend), group in calls.groupby(["batch_size", "backend"]):
+        ok = group[~group["oom_in_replay"]]
+        if ok.empty:
+            rows.append({"batch": batch, "backend": backend, "held MiB": "OOM in replay",
+                         "backward spike MiB": "", "forward transient MiB": "", "total MiB": "",
+                         "predicted vanilla held MiB": f"{group['predicted_saved_for_backward_mib'].max():.1f}"})  # fmt: skip
+            continue
+        call = ok.loc[ok["saved_for_backward_mib"].idxmax()]
+        rows.append({
+            "batch": batch, "backend": backend,
+            "held MiB": f"{call['saved_for_backward_mib']:.1f}",
+            "backward spike MiB": f"{call['backward_transient_peak_mib']:.1f}",
+            "forward transient MiB": f"{call['forward_transient_peak_mib']:.1f}",
+            "total MiB": f"{call['saved_for_backward_mib'] + call['backward_transient_peak_mib']:.1f}",
+            "predicted vanilla held MiB": f"{call['predicted_saved_for_backward_mib']:.1f}",
+            "vanilla − prediction (held / fwd MiB)": _prediction_gap(call) if backend == "vanilla" else "",
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _prediction_gap(call: pd.Series) -> str:
+    """Measured minus predicted vanilla bytes: tensor bytes are exact, the CUDA caching allocator
+    may add up to 1 MiB per large block it does not split (allocations round up to 2 MiB segments)."""
+    held = call["saved_for_backward_mib"] - call["predicted_saved_for_backward_mib"]
+    forward = call["forward_transient_peak_mib"] - call["predicted_forward_transient_mib"]
+    return f"{held:+.2f} / {forward:+.2f}"
+
+
+def _by_batch_and_backend(cells: pd.DataFrame, describe: Callable[[pd.Series], str]) -> pd.DataFrame:
+    """One text per cell (``describe(row)``), batches down and backends across."""
+    table = cells.assign(cell=cells.apply(describe, axis=1)).pivot_table(
+        index="batch_size", columns="backend", values="cell", aggfunc="first"
+    )
+    return table.rename_axis(index="batch", columns=None).fillna("")
+
+
+def ceiling_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Step peak allocated / reserved (GiB) per batch size and backend; an OOM shows its failed request."""
+    if cells.empty:
+        return pd.DataFrame()
+
+    def describe(row: pd.Series) -> str:
+        alloc, reserved = row["step_peak_alloc_mib"] * GIB_PER_MIB, row["step_peak_reserved_mib"] * GIB_PER_MIB
+        if row["outcome"] == "ok":
+            return f"{alloc:.2f} / {reserved:.2f}"
+        if row["outcome"] == "oom":
+            where = "in the MaxSim op" if row["oom_where"] == "maxsim" else "outside the op"
+            return f"OOM {where} ({failed_request(row['oom_message'])}; pre-OOM {alloc:.2f} / {reserved:.2f})"
+        return "crashed"
+
+    return _by_batch_and_backend(cells, describe)
+
+
+def fragmentation_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Reserved − allocated at the step peak (GiB) per batch and backend, and how the per-step
+    difference moved from the first step to the last (MiB; cells that recorded per-step peaks)."""
+    if cells.empty:
+        return pd.DataFrame()
+
+    def describe(row: pd.Series) -> str:
+        if missing(row["fragmentation_mib"]):
+            return ""
+        text = f"{row['fragmentation_mib'] * GIB_PER_MIB:.2f}"
+        if not missing(row.get("fragmentation_growth_mib")):
+            text += (f" ({row['fragmentation_first_step_mib']:.0f} → {row['fragmentation_last_step_mib']:.0f} MiB "
+                     f"over {row['n_steps_done']} steps)")  # fmt: skip
+        return text
+
+    return _by_batch_and_backend(cells, describe)
+
+
+def step_time_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Steady seconds per step and samples/s, with the speed relative to vanilla at the same batch."""
+    ok = cells[cells["outcome"] == "ok"] if not cells.empty else cells
+    if ok.empty:
+        return pd.DataFrame()
+    vanilla = ok[ok["backend"] == "vanilla"].set_index("batch_size")["steady_step_time_sec"]
+    rows = []
+    for _, row in ok.sort_values(["batch_size", "backend"]).iterrows():
+        base = vanilla.get(row["batch_size"])
+        rows.append({
+            "batch": row["batch_size"], "backend": row["backend"],
+            "s / step": number(row["steady_step_time_sec"], ".3f"), "samples / s": number(row["samples_per_sec"], ".1f"),
+            "speed vs vanilla": "" if missing(base) or missing(row["steady_step_time_sec"])
+            else f"{base / row['steady_step_time_sec']:.2f}×",
+            "steady steps (range, s)": _steady_range(row),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _steady_range(row: pd.Series) -> str:
+    """How many steps the median is over and how far they spread: few or spread steps mean noise."""
+    if not row["n_steady_steps"]:
+        return "0"
+    return f"{row['n_steady_steps']} ({row['steady_step_min_sec']:.2f}–{row['steady_step_max_sec']:.2f})"
+
+
+def published_comparison(cells: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
+    """Our step peaks and times beside the published ones (:func:`harness.report.data.published`) for the same cells."""
+    rows = []
+    for _, ref in published.iterrows():
+        backend = backend_label(ref["variant"], ref["score_mini_batch_size"])
+        ours = cells[(cells["batch_size"] == ref["batch_size"]) & (cells["backend"] == backend)
+                     & (cells["card"] == ref["card"])] if not cells.empty else cells  # fmt: skip
+        mine = ours.iloc[0] if len(ours) else None
+        rows.append({
+            "batch": ref["batch_size"], "backend": backend,
+            "published": _published_text(ref),
+            "ours": "not run" if mine is None else cell_words(mine),
+            "Δ step peak": _peak_difference(ref, mine),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _peak_difference(ref: pd.Series, mine: pd.Series | None) -> str:
+    """Our allocated step peak relative to the published one, when both cells trained."""
+    if mine is None or mine["outcome"] != "ok" or ref["outcome"] != "ok" or pd.isna(ref["step_peak_alloc_gib"]):
+        return "—"
+    ours = mine["step_peak_alloc_mib"] * GIB_PER_MIB
+    return f"{100 * (ours - ref['step_peak_alloc_gib']) / ref['step_peak_alloc_gib']:+.1f}%"
+
+
+def _published_text(ref: pd.Series) -> str:
+    """A published cell in brief: 'OOM (asked 1.81 GiB)', '29.54 GiB · 7.98 s/step'."""
+    if ref["outcome"] == "oom":
+        request = f" (asked {ref['oom_request_gib']} GiB)" if not pd.isna(ref["oom_request_gib"]) else ""
+        return "OOM" + request
+    text = f"{ref['step_peak_alloc_gib']:.2f} GiB"
+    return text + (f" · {ref['steady_step_time_sec']:.2f} s/step" if not pd.isna(ref["steady_step_time_sec"]) else "")
+
+
+# ---- the op-level page ---------------------------------------------------------------------------
+
+
+def op_speed_table(ops: pd.DataFrame) -> pd.DataFrame:
+    """Median forward + backward time per head, batch and negatives: each backend beside vanilla."""
+    if ops.empty:
+        return pd.DataFrame()
+    rows = []
+    for (stack, head, batch, negatives), group in ops.groupby(["stack", "regime", "batch_size", "negatives"], dropna=False):
+        by_variant = group.set_index("variant")
+        base = by_variant["steady_step_time_sec"].get("vanilla")
+        for variant, row in by_variant.iterrows():
+            oom = row["outcome"] == "oom"
+            rows.append({
+                "head": f"{stack.removeprefix('op-')} {head}", "batch": batch,
+                "negatives": "" if pd.isna(negatives) else int(negatives), "backend": variant,
+                "ms (median)": "OOM" if oom else number(1000 * row["steady_step_time_sec"], ".2f"),
+                "p10–p90 ms": "" if oom else _spread_ms(row),
+                "speedup vs vanilla": "" if oom or missing(base) or variant == "vanilla"
+                else f"{base / row['steady_step_time_sec']:.2f}×",
+                "held + bwd spike MiB": "" if missing(row.get("total_mib")) else f"{row['total_mib']:.1f}",
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _spread_ms(row: pd.Series) -> str:
+    if missing(row["steady_step_p10_sec"]):
+        return ""
+    return f"{1000 * row['steady_step_p10_sec']:.2f}–{1000 * row['steady_step_p90_sec']:.2f}"
+
+
+# ---- ceilings ------------------------------------------------------------------------------------
+
+
+def ceiling_grid(searches: Sequence[SearchRow], allocator: str = "default") -> pd.DataFrame:
+    """What fits on my card: the ceiling per stack/regime/backend (rows) and card (columns)."""
+    chosen = [row for row in searches if row.allocator == allocator]
+    if not chosen:
+        return pd.DataFrame()
+    frame = pd.DataFrame([{"stack": row.stack, "regime": row.regime, "backend": row.backend, "card": row.card,
+                           "ceiling": ceiling_text(row)} for row in chosen])  # fmt: skip
+    table = frame.pivot_table(index=["stack", "regime", "backend"], columns="card", values="ceiling", aggfunc="first")
+    order = cards_in_order(frame["card"])
+    return table.reindex(columns=order).rename(columns=card_label).rename_axis(columns=None).fillna("")
+
+
+def ceiling_details(searches: Sequence[SearchRow]) -> pd.DataFrame:
+    """Per search that ran: the ceiling, the headroom left at it, its fragmentation, and what failed above it."""
+    binds = {"maxsim": "the MaxSim op (B² grid)", "elsewhere": "outside the op (encoder, optimizer)"}
+    rows = []
+    for row in (row for row in searches if row.probes > 0):
+        peaks = "" if row.peak_alloc_gib is None else f"{row.peak_alloc_gib:.2f} / {row.peak_reserved_gib:.2f}"
+        rows.append({
+            "stack · regime": f"{row.stack} · {row.regime}", "backend": row.backend, "card": row.card,
+            "allocator": row.allocator, "ceiling": ceiling_text(row), "peak alloc / reserved GiB": peaks,
+            "headroom GiB": number(row.headroom_gib, ".2f"),
+            "reserved − alloc GiB": number(row.fragmentation_gib, ".2f"),
+            "its growth over steps MiB": number(row.fragmentation_growth_mib, "+.0f"),
+            "next batch failed in": binds.get(row.fails_where or "", ""),
+            "failed request": "" if row.fails_message is None else failed_request(row.fails_message),
+            "probes": row.probes,
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def sharing_check(checks: Sequence[SharedCheck]) -> pd.DataFrame:
+    """Ceiling probes run again on a shared GPU beside the same probes run alone: outcome, peaks and
+    step times side by side, and whether every step's peaks are the same to the byte."""
+    rows = []
+    for check in checks:
+        alone, shared = check.alone, check.shared
+        rows.append({
+            "probe": check.probe, "GiB given on the shared GPU": number(shared.gpu_share_gib, ".2f"),
+            "outcome alone · shared": f"{alone.outcome} · {shared.outcome}",
+            "peak alloc MiB alone · shared": f"{number(alone.step_peak_alloc_mib, '.2f')} · {number(shared.step_peak_alloc_mib, '.2f')}",
+            "peak reserved MiB alone · shared":
+                f"{number(alone.step_peak_reserved_mib, '.0f')} · {number(shared.step_peak_reserved_mib, '.0f')}",
+            "steps compared": len(alone.step_peak_alloc_per_step_mib),
+            "identical": "yes" if check.identical else "no",
+            "s / step alone · shared": f"{number(alone.steady_step_time_sec, '.2f')} · {number(shared.steady_step_time_sec, '.2f')}",
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+# ---- the results page ----------------------------------------------------------------------------
+
+ALL_CELLS_COLUMNS = [
+    "grid", "stack", "regime", "batch_size", "negatives", "variant", "score_mini_batch_size", "card", "allocator", "seed",
+    "outcome", "step_peak_alloc_mib", "step_peak_reserved_mib", "fragmentation_mib", "steady_step_time_sec",
+]  # fmt: skip
+ALL_CELLS_ORDER = ["grid", "stack", "regime", "variant", "card", "allocator", "batch_size", "seed"]
+
+
+def all_cells_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Every cell in one table, under the result schema's own field names (readers of the JSON know them)."""
+    return cells[ALL_CELLS_COLUMNS].sort_values(ALL_CELLS_ORDER).reset_index(drop=True)
+
+
+def skipped_table(skipped: Sequence[Skipped], root: Path) -> pd.DataFrame:
+    """Every file under the results folder the report could not use, and why."""
+    def where(path: Path) -> str:
+        return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+    return pd.DataFrame([{"file": where(item.path), "why it was skipped": item.reason} for item in skipped])
