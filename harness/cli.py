@@ -39,16 +39,30 @@ class Parser(argparse.ArgumentParser):
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:
             options = re.findall(r"'([^']*)'", choice[2]) or [part.strip() for part in choice[2].split(",")]
-            close = difflib.get_close_matches(choice[1], options, n=1)
+            close = [SYNONYMS[choice[1]]] if SYNONYMS.get(choice[1]) in options else difflib.get_close_matches(choice[1], options, n=1)
             if close:
                 message += f"; did you mean {close[0]!r}?"
         unknown = re.search(r"unrecognized arguments: (\S+)", message)
         if unknown:
-            flags = [flag for action in self._actions for flag in action.option_strings]
+            flags = _flags(self)
             close = difflib.get_close_matches(unknown[1].split("=")[0], flags, n=1)
             if close:
                 message += f"; did you mean {close[0]}?"
         super().error(message)
+
+
+SYNONYMS = {"gpu": "cuda"}
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string of ``parser`` and of its subcommands."""
+    flags = []
+    for action in parser._actions:
+        flags += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                flags += _flags(sub)
+    return sorted(set(flags))
 
 
 def positive_int(text: str) -> int:

@@ -8,6 +8,7 @@ are shown as their one-line reason, not under a traceback.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,28 +30,32 @@ def default_output(cell_id: str) -> Path:
 
 def run(stack: str, namespace: Mapping[str, Any]) -> CellResult:
     """Run the cell a notebook's parameters describe (``namespace``: its globals) and return its result."""
+    _quiet_progress_bars()
     from harness.cell import CellError, run_cell
     from harness.opbench import run_op_cell
 
-    _show_reasons_in_one_line(CellError)
-    spec = from_notebook(stack, namespace)
-    output = Path(namespace.get("output") or default_output(spec.cell_id))
-    grid, notebook = namespace.get("grid"), Path(STACKS[spec.stack].notebook)
-    if isinstance(spec, OpSpec):
-        return run_op_cell(spec, output, grid, notebook)
-    return run_cell(spec, output, grid, notebook)
+    try:
+        spec = from_notebook(stack, namespace)
+        output = Path(namespace.get("output") or default_output(spec.cell_id))
+        grid, notebook = namespace.get("grid"), Path(STACKS[spec.stack].notebook)
+        if isinstance(spec, OpSpec):
+            return run_op_cell(spec, output, grid, notebook)
+        return run_cell(spec, output, grid, notebook)
+    except (*ONE_LINE_ERRORS, CellError):
+        _one_line_traceback()  # a refusal, raised before any GPU work: its reason is the whole story
+        raise
 
 
-def _show_reasons_in_one_line(*more: type[BaseException]) -> None:
-    """Under IPython, show a refused cell as ``Error: reason`` alone (the cell still fails)."""
+def _one_line_traceback() -> None:
+    """Under IPython, show the exception being raised as ``Name: reason`` alone; the notebook still
+    records it as an error (its name and value), and the cell fails."""
     try:
         shell = get_ipython()  # type: ignore[name-defined]  # noqa: F821 — defined inside IPython only
     except NameError:
         return
+    shell.InteractiveTB.set_mode(mode="Minimal")
 
-    def one_line(shell: Any, etype: type[BaseException], value: BaseException, tb: Any, tb_offset: Any = None) -> list[str]:
-        line = f"{etype.__name__}: {value}"
-        print(line)
-        return [line]
 
-    shell.set_custom_exc((*ONE_LINE_ERRORS, *more), one_line)
+def _quiet_progress_bars() -> None:
+    """tqdm warns, with a local path, that a kernel without ipywidgets shows no widgets; a cell has no bars to show."""
+    warnings.filterwarnings("ignore", message="IProgress not found")
