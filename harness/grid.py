@@ -3,8 +3,8 @@
 A grid has a ``name``, ``defaults`` for every entry and a list of entries (``cells``, or
 ``searches`` for a ceiling grid). An entry's list-valued spec fields expand as a product; each
 combination becomes one :class:`harness.spec.TrainSpec` or :class:`harness.spec.OpSpec` (the
-stack's kind decides). Besides spec fields an entry may name the Jupyter ``kernel`` to run in (a
-launcher setting, not part of what the cell is). Every problem of a grid is named before any cell
+stack's kind decides). Besides spec fields an entry may name the Jupyter ``kernel`` to run in and the
+``notebook`` to run (launcher settings, not part of what the cell is). Every problem of a grid is named before any cell
 starts. Torch-free: the report reads the grids too.
 """
 
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GRIDS_DIR = ROOT / "grids"
 # a grid entry's fields that may list values, expanded as a product
 EXPANDABLE = ("batch_size", "variant", "regime", "head", "score_mini_batch_size", "negatives", "card", "allocator", "seed")
-LAUNCH_FIELDS = ("kernel",)
+LAUNCH_FIELDS = ("kernel", "notebook")
 
 
 class GridError(ValueError):
@@ -40,6 +40,7 @@ class GridCell:
     grid: str
     spec: CellSpec
     kernel: str | None = None  # default: the stack environment's kernel
+    notebook: str | None = None  # default: the stack's notebook (tests run variants of it)
 
     @property
     def cell_id(self) -> str:

@@ -63,7 +63,8 @@ class CeilingSearch(BaseModel):
     device: str = "auto"
     model_source: str | None = None
     data_source: str | None = None
-    kernel: str | None = None  # a launcher setting: the Jupyter kernel its probes run in
+    kernel: str | None = None  # launcher settings: the Jupyter kernel and notebook its probes run in
+    notebook: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> CeilingSearch:

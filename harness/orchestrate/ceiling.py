@@ -28,7 +28,7 @@ def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gat
         ceiling, spec = search_state(search, layout.results_dir, rerun_crashed)
         if spec is None:
             return ceiling
-        cell = GridCell(search.grid, spec, search.kernel)
+        cell = GridCell(search.grid, spec, search.kernel, search.notebook)
         if cell.cell_id in rerun:
             return search_state(search, layout.results_dir)[0]  # it crashed again: stop there
         if state(cell, layout) == "crashed":

@@ -107,7 +107,7 @@ def launch(cell: GridCell, layout: Layout, gpu: str | None, gate: Gate | None = 
     for path in (result_path, notebook_path, log_path):
         path.parent.mkdir(parents=True, exist_ok=True)
     spec = cell.spec
-    command = [sys.executable, "-m", "papermill", str(ROOT / STACKS[spec.stack].notebook), str(running_path),
+    command = [sys.executable, "-m", "papermill", str(ROOT / (cell.notebook or STACKS[spec.stack].notebook)), str(running_path),
                "-k", cell.kernel or STACKS[spec.stack].kernel, "--cwd", str(ROOT), "--no-progress-bar"]  # fmt: skip
     parameters = notebook_parameters(spec) | {"output": str(result_path.resolve()), "grid": cell.grid}
     for key, value in parameters.items():
