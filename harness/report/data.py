@@ -56,7 +56,7 @@ class Results:
         """The (path, result) pairs of ``grids``, in path order."""
         return [(path, result) for path, result in self.found if result.grid in grids]
 
-    def but(self, *grids: str) -> list[Item]:
+    def excluding(self, *grids: str) -> list[Item]:
         """The (path, result) pairs of every report grid except ``grids``, in path order."""
         return [(path, result) for path, result in self.found if result.grid not in grids]
 
@@ -94,14 +94,14 @@ def backend_label(variant: str, chunk: float | None) -> str:
 def with_backend(frame: pd.DataFrame) -> pd.DataFrame:
     """Add the ``backend`` column (variant, or 'vanilla + chunk N') to a results frame, in place."""
     if not frame.empty:
-        frame["backend"] = [backend_label(v, c) for v, c in zip(frame["variant"], frame["score_mini_batch_size"])]
+        frame["backend"] = [backend_label(v, c) for v, c in zip(frame["variant"], frame["score_mini_batch_size"], strict=True)]
     return frame
 
 
 def load(source: Source = None, leave_out: tuple[str, ...] = (CEILINGS, SHARED_CHECK)) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cells, isolated calls) with a ``backend`` column, of every report grid but ``leave_out``:
     ceiling probes have their own page, and the shared-GPU check its own table."""
-    chosen = results_of(source).but(*leave_out)
+    chosen = results_of(source).excluding(*leave_out)
     cells = with_backend(frame_of(chosen))
     calls = with_backend(frame_of(chosen, level="calls"))
     if not calls.empty:

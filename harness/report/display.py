@@ -47,8 +47,8 @@ def per_card(frame: pd.DataFrame, *renderers: Callable[[pd.DataFrame], pd.DataFr
     """For each card in ``frame``: a heading, then every renderer's table or figure for that card."""
     keys = ["card", "allocator"] if "allocator" in frame.columns else ["card"]
     for key, group in frame.groupby(keys):
-        card, allocator = (key + ("default",))[:2] if isinstance(key, tuple) else (key, "default")
-        markdown(card_heading(card, allocator))
+        values = key if isinstance(key, tuple) else (key,)
+        markdown(card_heading(str(values[0]), str(values[1]) if len(values) > 1 else "default"))
         for render in renderers:
             item = render(group)
             if not (isinstance(item, pd.DataFrame) and item.empty):

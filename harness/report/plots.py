@@ -6,7 +6,8 @@ do not show.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -32,10 +33,10 @@ def plot_op_vram(calls: pd.DataFrame, title: str) -> Figure:
         total = per_batch.sum(axis=1).sort_index()
         if total.empty:
             continue
-        label = backend
+        label = str(backend)
         if len(total) >= 2:
             label += f" (×{doubling_factors(total.index.to_numpy(float), total.to_numpy(float)):.1f} per doubling)"
-        axis.plot(total.index, total.values, marker="o", label=label)
+        axis.plot(total.index.to_numpy(), total.to_numpy(), marker="o", label=label)
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
     axis.set_xlabel("batch size")
@@ -66,8 +67,7 @@ def plot_ceilings(cells: pd.DataFrame, title: str) -> Figure:
                      hatch="//" if oom else None, edgecolor="black" if oom else None, alpha=0.6 if oom else 1.0,
                      label=None if labelled else backend)  # fmt: skip
             labelled = True
-    caps = {CARDS[c].usable_gib for c in done["card"].unique() if CARDS[c].usable_gib}
-    for cap in caps:
+    for cap in _caps(done["card"].unique()):
         axis.axhline(cap, color="grey", linestyle="--", linewidth=1)
         axis.text(len(batches) - 0.5, cap, f"card: {cap} GiB", va="bottom", ha="right", fontsize=8)
     axis.set_xticks([j + width * (len(backends) - 1) / 2 for j in range(len(batches))], [str(b) for b in batches])
@@ -77,6 +77,11 @@ def plot_ceilings(cells: pd.DataFrame, title: str) -> Figure:
     axis.legend()
     figure.tight_layout()
     return figure
+
+
+def _caps(cards: Iterable[str]) -> set[float]:
+    """The usable memory of each capped card among ``cards`` (GiB)."""
+    return {cap for card in cards if (cap := CARDS[card].usable_gib)}
 
 
 def plot_probe_peaks(probes: pd.DataFrame, title: str) -> Figure:
@@ -90,7 +95,7 @@ def plot_probe_peaks(probes: pd.DataFrame, title: str) -> Figure:
     figure, axes = plt.subplots(1, panels, figsize=(6.2 * panels, 4.6), sharex=True, sharey=True, squeeze=False)
     backends = sorted(done["backend"].unique())
     spread = 0.012 * (done["batch_size"].max() if not done.empty else 1)
-    for axis, allocator_name in zip(axes[0], allocators):
+    for axis, allocator_name in zip(axes[0], allocators, strict=False):
         mine = done[done["allocator"] == allocator_name]
         for i, backend in enumerate(backends):
             _probe_markers(axis, mine[mine["backend"] == backend], backend, i, (i - (len(backends) - 1) / 2) * spread)
@@ -112,11 +117,12 @@ def _probe_markers(axis: plt.Axes, rows: pd.DataFrame, backend: str, index: int,
     """One backend's probes on one panel: allocated (filled), reserved (open), out of memory (×)."""
     markers = ["o", "s", "^", "D"]
     ok, oom = rows[rows["outcome"] == "ok"], rows[rows["outcome"] == "oom"]
-    style = {"color": f"C{index}", "marker": markers[index % len(markers)]}
-    axis.scatter(ok["batch_size"] + shift, ok["step_peak_alloc_mib"] * GIB_PER_MIB, **style, label=f"{backend}: allocated")
+    colour, marker = f"C{index}", markers[index % len(markers)]
+    axis.scatter(ok["batch_size"] + shift, ok["step_peak_alloc_mib"] * GIB_PER_MIB, color=colour, marker=marker,
+                 label=f"{backend}: allocated")  # fmt: skip
     axis.scatter(ok["batch_size"] + shift, ok["step_peak_reserved_mib"] * GIB_PER_MIB, facecolors="none",
-                 edgecolors=f"C{index}", marker=style["marker"], label=f"{backend}: reserved")  # fmt: skip
-    axis.scatter(oom["batch_size"] + shift, oom["pre_oom_reserved_mib"] * GIB_PER_MIB, color=f"C{index}", marker="x",
+                 edgecolors=colour, marker=marker, label=f"{backend}: reserved")  # fmt: skip
+    axis.scatter(oom["batch_size"] + shift, oom["pre_oom_reserved_mib"] * GIB_PER_MIB, color=colour, marker="x",
                  label=f"{backend}: out of memory (reserved before it)")  # fmt: skip
 
 
@@ -150,7 +156,8 @@ def plot_op_speedup(ops: pd.DataFrame, title: str) -> Figure:
     """Fused speedup over vanilla vs batch size, one line per head × negatives × backend."""
     figure, axis = plt.subplots(figsize=(7, 4.2))
     done = ops[ops["outcome"] == "ok"]
-    for (stack, head, negatives, variant), group in done.groupby(["stack", "regime", "negatives", "variant"], dropna=False):
+    for key, group in done.groupby(["stack", "regime", "negatives", "variant"], dropna=False):
+        stack, head, negatives, variant = cast(tuple[str, str, Any, str], key)
         if variant == "vanilla":
             continue
         vanilla = done[(done["stack"] == stack) & (done["regime"] == head) & (done["variant"] == "vanilla")

@@ -160,14 +160,15 @@ def ceiling_gains(searches: Sequence[SearchRow], stack: str, regime: str, card: 
         return "How far each choice moves the ceiling is stated once those searches have finished."
     base = rows["base"]
     assert base is not None and base.settled is not None
+    base_batch = base.settled
 
     def change(name: str) -> str:
         row = rows[name]
         assert row is not None and row.settled is not None
-        difference = row.settled - base.settled
+        difference = row.settled - base_batch
         at_least = "at least " if row.fails is None else ""
         more = "more" if difference >= 0 else "fewer"
-        return f"{at_least}{abs(difference)} {more} ({ceiling_text(row)} against {base.settled})"
+        return f"{at_least}{abs(difference)} {more} ({ceiling_text(row)} against {base_batch})"
 
     if base.fails is None:
         return f"Vanilla scoring reached the search's limit ({ceiling_text(base)}), so there is nothing to compare."

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import pandas as pd
 
@@ -29,7 +30,7 @@ def op_vram_table(calls: pd.DataFrame) -> pd.DataFrame:
                          "backward spike MiB": "", "forward transient MiB": "", "total MiB": "",
                          "predicted vanilla held MiB": f"{group['predicted_saved_for_backward_mib'].max():.1f}"})  # fmt: skip
             continue
-        call = ok.loc[ok["saved_for_backward_mib"].idxmax()]
+        call = cast(pd.Series, ok.loc[cast(int, ok["saved_for_backward_mib"].idxmax())])
         rows.append({
             "batch": batch, "backend": backend,
             "held MiB": f"{call['saved_for_backward_mib']:.1f}",
@@ -161,7 +162,8 @@ def op_speed_table(ops: pd.DataFrame) -> pd.DataFrame:
     if ops.empty:
         return pd.DataFrame()
     rows = []
-    for (stack, head, batch, negatives), group in ops.groupby(["stack", "regime", "batch_size", "negatives"], dropna=False):
+    for key, group in ops.groupby(["stack", "regime", "batch_size", "negatives"], dropna=False):
+        stack, head, batch, negatives = cast(tuple[str, str, int, Any], key)
         by_variant = group.set_index("variant")
         base = by_variant["steady_step_time_sec"].get("vanilla")
         for variant, row in by_variant.iterrows():
@@ -227,14 +229,18 @@ def sharing_check(checks: Sequence[SharedCheck]) -> pd.DataFrame:
         rows.append({
             "probe": check.probe, "GiB given on the shared GPU": number(shared.gpu_share_gib, ".2f"),
             "outcome alone · shared": f"{alone.outcome} · {shared.outcome}",
-            "peak alloc MiB alone · shared": f"{number(alone.step_peak_alloc_mib, '.2f')} · {number(shared.step_peak_alloc_mib, '.2f')}",
-            "peak reserved MiB alone · shared":
-                f"{number(alone.step_peak_reserved_mib, '.0f')} · {number(shared.step_peak_reserved_mib, '.0f')}",
+            "peak alloc MiB alone · shared": _side_by_side(alone.step_peak_alloc_mib, shared.step_peak_alloc_mib, ".2f"),
+            "peak reserved MiB alone · shared": _side_by_side(alone.step_peak_reserved_mib, shared.step_peak_reserved_mib, ".0f"),
             "steps compared": len(alone.step_peak_alloc_per_step_mib),
             "identical": "yes" if check.identical else "no",
-            "s / step alone · shared": f"{number(alone.steady_step_time_sec, '.2f')} · {number(shared.steady_step_time_sec, '.2f')}",
+            "s / step alone · shared": _side_by_side(alone.steady_step_time_sec, shared.steady_step_time_sec, ".2f"),
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def _side_by_side(alone: float | None, shared: float | None, spec: str) -> str:
+    """Two measurements of one probe, alone · shared."""
+    return f"{number(alone, spec)} · {number(shared, spec)}"
 
 
 # ---- the results page ----------------------------------------------------------------------------

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from harness.report.data import GIB_PER_MIB, SearchRow
 from harness.spec import CARDS
 
 
-def missing(value: object) -> bool:
+def missing(value: Any) -> bool:
     """None or NaN: a measurement the cell does not have."""
     return value is None or bool(pd.isna(value))
 
