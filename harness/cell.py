@@ -108,7 +108,7 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
     spec = resolve_auto(spec)
     assert isinstance(spec, TrainSpec)
     stack = validate(spec, output, stack)
-    # under harness-sweep / harness-ceiling: wait for this GPU (or room on it) before creating a CUDA context
+    # under harness sweep / harness ceiling: wait for this GPU (or room on it) before creating a CUDA context
     gpu_wait = gpu_gate.hold(cards.card(spec.card).usable_gib)
     started = time.perf_counter()
     phases: dict[str, float] = {}

@@ -1,7 +1,7 @@
 """Who measures on a GPU when several cells run on one host: one at a time, or as many as their caps fit.
 
 A cell spends its first seconds importing its stack (on a slow file system, half of an op-level
-cell's time), none of it on the GPU. ``harness-sweep --cells-per-gpu 2`` therefore starts two cells
+cell's time), none of it on the GPU. ``harness sweep --cells-per-gpu 2`` therefore starts two cells
 per GPU; each enters its GPU's gate (the lock file named by ``MAXSIM_GPU_LOCK``) once its parameters
 are validated — having at most asked the driver how many devices there are — and before it creates
 a CUDA context, and stays in until its process ends. Staying in on purpose: the CUDA context and
@@ -10,7 +10,7 @@ cached blocks of a finished cell are gone before the next cell measures.
 By default a cell has its GPU alone, so its step times are the card's. A ceiling probe only asks
 whether a batch trains under its card's cap, and the cap (:mod:`harness.cards`) is per process: the
 caching allocator refuses to reserve past it whatever else runs on the device. So when
-``MAXSIM_GPU_SHARE_GIB`` gives the GPU's memory in GiB (``harness-ceiling --share-gpu``), capped
+``MAXSIM_GPU_SHARE_GIB`` gives the GPU's memory in GiB (``harness ceiling --share-gpu``), capped
 cells enter side by side as long as their caps, each plus ``CONTEXT_MARGIN_GIB`` for its CUDA context,
 add up to no more than that; a native (uncapped) cell still waits for the GPU alone. Nothing can then
 run out of physical memory below its cap, so a probe's outcome and peaks are those it would have

@@ -6,7 +6,7 @@ forward transient, what the forward holds for backward (plus output), and the ba
 top of what is held. An OOM in replay is a recorded marker (``oom_in_replay``), never a crash: a
 cell that died in train still gets its replays, and a shape too big to replay says so.
 
-``harness-replay`` runs this engine on shapes given on the command line.
+``harness replay`` runs this engine on shapes given on the command line.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def replay_command(library: str, variants: Sequence[str], query_shape: tuple[int
             spec.check_variant(variant, library)
             if variant != "vanilla":
                 backends.require(variant, op.stack, device)
-        except ValueError as error:
+        except (ValueError, backends.BackendUnavailable) as error:
             raise ReplayError(str(error)) from None
     if output is not None and not output.parent.is_dir():
         raise ReplayError(f"the output's folder {output.parent} does not exist")
