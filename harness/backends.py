@@ -9,7 +9,6 @@ intended path ran (a ``lik`` cell with zero kernel calls is a failed cell, not a
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import importlib
 import importlib.metadata
@@ -18,7 +17,6 @@ from collections.abc import Iterator
 import torch
 
 from harness import spec
-
 
 Backend = spec.Backend
 BACKENDS = spec.BACKENDS
@@ -55,7 +53,7 @@ def require(variant: str, library: str, device: torch.device | str) -> Backend:
     return chosen
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _importable(module: str) -> bool:
     try:
         importlib.import_module(module)
@@ -84,7 +82,7 @@ class EntryPointCounter:
         self.calls = 0
 
     @contextlib.contextmanager
-    def active(self) -> Iterator["EntryPointCounter"]:
+    def active(self) -> Iterator[EntryPointCounter]:
         patches: list[tuple[object, str, object]] = []
         try:
             for target in self.spec.entry_points:
@@ -95,8 +93,8 @@ class EntryPointCounter:
                 setattr(module, attribute, self._counting(original))
             yield self
         finally:
-            for module, attribute, original in reversed(patches):
-                setattr(module, attribute, original)
+            for owner, name, function in reversed(patches):
+                setattr(owner, name, function)
 
     def _counting(self, function):  # type: ignore[no-untyped-def]
         @functools.wraps(function)

@@ -21,7 +21,6 @@ import torch
 from harness import spec
 from harness.memory import GIB
 
-
 CONTEXT_GIB = spec.CONTEXT_GIB
 CardProfile = spec.Card
 CARDS = spec.CARDS

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -30,9 +31,9 @@ from harness.bracket import PeakLedger
 from harness.memory import probe_for, to_mib
 from harness.recorder import OpRecorder, first_line
 from harness.replay import replay_shapes
-from harness.results import CellResult, write_result
+from harness.results import CellResult, Outcome, write_result
 from harness.spec import CellSpec, TrainSpec, with_fields
-from harness.stacks import Stack, load_stack
+from harness.stacks import BuiltCell, Stack, load_stack
 from harness.timing import AutotuneWatch, StepTimer, steady_state, timed
 
 
@@ -105,8 +106,9 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
     """Run one training cell and write its result to ``output``; returns the result. ``grid``: the
     grid it belongs to (None: a cell run by hand); ``notebook``: the notebook running it (hashed
     into the provenance)."""
-    spec = resolve_auto(spec)
-    assert isinstance(spec, TrainSpec)
+    resolved = resolve_auto(spec)
+    assert isinstance(resolved, TrainSpec)
+    spec = resolved
     stack = validate(spec, output, stack)
     # under harness sweep / harness ceiling: wait for this GPU (or room on it) before creating a CUDA context
     gpu_wait = gpu_gate.hold(cards.card(spec.card).usable_gib)
@@ -122,7 +124,11 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
     watch = AutotuneWatch()
     timer = StepTimer(device, watch, on_step=lambda step: setattr(recorder, "step", step), ledger=ledger)
     counters = {name: backends.EntryPointCounter(name) for name in countable_backends(stack.op.stack)}
-    outcome, oom_message, oom_where, device_oom = "ok", None, None, False
+    outcome: Outcome = "ok"
+    oom_message: str | None = None
+    oom_where: Literal["maxsim", "elsewhere"] | None = None
+    device_oom = False
+    built: BuiltCell | None = None
     samples_per_step = spec.batch_size
     model_source, data_source = spec.model_source, spec.data_source
 
@@ -225,7 +231,8 @@ def check_backend_ran(variant: str, counters: dict[str, backends.EntryPointCount
             )
         if name != variant and counter.calls:
             raise BackendPathError(
-                f"variant {variant!r}: {counter.calls} calls reached the {name!r} kernels; the cell did not run {variant!r} alone."
+                f"variant {variant!r}: {counter.calls} calls reached the {name!r} kernels; "
+                f"the cell did not run {variant!r} alone."
             )
 
 

@@ -39,7 +39,8 @@ class Parser(argparse.ArgumentParser):
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:
             options = re.findall(r"'([^']*)'", choice[2]) or [part.strip() for part in choice[2].split(",")]
-            close = [SYNONYMS[choice[1]]] if SYNONYMS.get(choice[1]) in options else difflib.get_close_matches(choice[1], options, n=1)
+            synonym = SYNONYMS.get(choice[1])
+            close = [synonym] if synonym in options else difflib.get_close_matches(choice[1], options, n=1)
             if close:
                 message += f"; did you mean {close[0]!r}?"
         unknown = re.search(r"unrecognized arguments: (\S+)", message)
@@ -51,12 +52,12 @@ class Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-SYNONYMS = {"gpu": "cuda"}
+SYNONYMS = {"gpu": "cuda", "colbert": "pylate"}  # what a user may type for a choice: PyLate trains ColBERT models
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:
     """Every option string of ``parser`` and of its subcommands."""
-    flags = []
+    flags: list[str] = []
     for action in parser._actions:
         flags += action.option_strings
         if isinstance(action, argparse._SubParsersAction):
@@ -120,7 +121,8 @@ def build_parser() -> Parser:
     op = commands.add_parser("op", help="run one op-level cell (a loss head alone)", description=registry.OpSpec.__doc__)
     add_spec_flags(op, "op")
 
-    replay = commands.add_parser("replay", help="replay one MaxSim shape in isolation, per variant")
+    replay = commands.add_parser("replay", help="replay one MaxSim shape in isolation, per variant",
+                                 description="replay one MaxSim shape in isolation, per variant")
     replay.add_argument("--library", required=True, choices=["colpali", "pylate"], help="whose MaxSim op")
     replay.add_argument("--variant", nargs="+", default=["vanilla"], choices=list(registry.BACKENDS), help="backends to replay")
     replay.add_argument("--query-shape", required=True, help="e.g. 128,51,128")
@@ -137,7 +139,8 @@ def build_parser() -> Parser:
         sub.add_argument("--gpus", help="'0,1' or 'all': workers bound to these GPUs (default: the one visible)")
         sub.add_argument("--cells-per-gpu", type=positive_int, default=1, metavar="N",
                          help="start N cells per GPU; they measure one at a time unless --share-gpu (default 1)")  # fmt: skip
-        sub.add_argument("--match", action="append", default=[], metavar="GLOB", help="only ids matching this pattern (repeatable)")
+        sub.add_argument("--match", action="append", default=[], metavar="GLOB",
+                         help="only ids matching this pattern (repeatable)")
         sub.add_argument("--dry-run", action="store_true", help="say where each cell or search stands, run nothing")
         sub.add_argument("--rerun-crashed", action="store_true", help="run crashed cells again (once each)")
         sub.add_argument("--results-dir", type=Path, default=ROOT / "results", help="default: results/")
@@ -150,12 +153,15 @@ def build_parser() -> Parser:
         help="capped probes measure side by side within GIB of a GPU's memory (default: what nvidia-smi reports free "
              "less 1 GiB); outcomes and peaks are unchanged, step times are not the card's")  # fmt: skip
 
-    results = commands.add_parser("results", help="what the report reads, and every file it skips with why")
+    results = commands.add_parser("results", help="what the report reads, and every file it skips with why",
+                                  description="what the report reads, and every file it skips with why")
     results.add_argument("folder", nargs="?", type=Path, default=ROOT / "results", help="default: results/")
-    migrate = commands.add_parser("migrate", help="rewrite schema-1 results as schema 2 (spec, cell id, grid, provenance)")
+    migrate = commands.add_parser("migrate", help="rewrite schema-1 results as schema 2 (spec, cell id, grid, provenance)",
+                                  description="rewrite schema-1 results as schema 2 (spec, cell id, grid, provenance)")
     migrate.add_argument("folder", nargs="?", type=Path, default=ROOT / "results", help="default: results/")
     migrate.add_argument("--dry-run", action="store_true", help="say what would be rewritten")
-    commands.add_parser("schema", help="print the JSON schema of a cell result")
+    commands.add_parser("schema", help="print the JSON schema of a cell result",
+                        description="print the JSON schema of a cell result")
     return parser
 
 
@@ -218,7 +224,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from harness.orchestrate.sweep import run_sweep, skypilot_task
 
     cells = load_grid(args.grid, args.stack)
-    cells = [cell for cell, keep in zip(cells, _matching([c.cell_id for c in cells], args.match)) if keep]
+    cells = [cell for cell, keep in zip(cells, _matching([c.cell_id for c in cells], args.match), strict=True) if keep]
     if not cells:
         print(f"harness sweep: no cell of {args.grid} matches {' or '.join(args.match) or 'the stacks asked'}", file=sys.stderr)
         return 2
@@ -272,7 +278,7 @@ def _ceiling(args: argparse.Namespace) -> int:
         print("sharing GPUs: " + ", ".join(f"{gpu or 'default'} {gib:.1f} GiB" for gpu, gib in share.items()))
     layout = Layout(args.results_dir, args.notebooks_dir)
     ceilings = run_searches(searches, layout, gpus, args.cells_per_gpu, rerun_crashed=args.rerun_crashed, share_gib=share)
-    stopped = [describe(search, c) for search, c in zip(searches, ceilings) if c.stopped]
+    stopped = [describe(search, c) for search, c in zip(searches, ceilings, strict=True) if c.stopped]
     for line in stopped:
         print(line, file=sys.stderr)
     return 1 if stopped else 0

@@ -32,9 +32,7 @@ def summary(result: CellResult) -> pd.DataFrame:
         "OOM inside the MaxSim op": None if result.oom_where is None else result.oom_where == "maxsim",
         "step peak allocated (MiB)": result.step_peak_alloc_mib,
         "step peak reserved (MiB)": result.step_peak_reserved_mib,
-        "reserved − allocated at peak (MiB)": None
-        if result.step_peak_alloc_mib is None
-        else result.step_peak_reserved_mib - result.step_peak_alloc_mib,
+        "reserved − allocated at peak (MiB)": result.fragmentation_mib,
         "steady step time (s)": result.steady_step_time_sec,
         "samples / s": result.samples_per_sec,
         "steady steps": result.steady_steps,

@@ -75,7 +75,7 @@ def expand(fields: Mapping[str, Any], expandable: Sequence[str]) -> Iterator[dic
     """Every combination of ``fields``' list-valued ``expandable`` keys, one dict each (a product)."""
     lists = {key: value for key, value in fields.items() if key in expandable and isinstance(value, list)}
     for combination in itertools.product(*lists.values()):
-        yield {**fields, **dict(zip(lists, combination))}
+        yield {**fields, **dict(zip(lists, combination, strict=True))}
 
 
 def repeats(ids: Sequence[str]) -> list[str]:

@@ -36,7 +36,7 @@ class MemoryProbe(abc.ABC):
 
     device: torch.device
 
-    def __enter__(self) -> "MemoryProbe":
+    def __enter__(self) -> MemoryProbe:
         return self
 
     def __exit__(
@@ -71,7 +71,7 @@ class MemoryProbe(abc.ABC):
     def reset_peak(self) -> None:
         """Start a new peak window at the current readings."""
 
-    def empty_cache(self) -> None:
+    def empty_cache(self) -> None:  # noqa: B027 — a hook: most probes have no cache to empty
         """Return cached blocks to the device (no-op where there is no cache)."""
 
     def capacity_bytes(self) -> int | None:
@@ -85,12 +85,9 @@ class CudaMemoryProbe(MemoryProbe):
     def __init__(self, device: torch.device | str | int | None = None) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("CudaMemoryProbe needs a CUDA device; use CpuMemoryProbe on a CPU-only host.")
-        if isinstance(device, int):
-            index = device
-        else:
-            index = None if device is None else torch.device(device).index
-            if index is None:
-                index = torch.cuda.current_device()
+        index: int | None = device if isinstance(device, int) else None if device is None else torch.device(device).index
+        if index is None:
+            index = torch.cuda.current_device()
         self.device = torch.device("cuda", index)
 
     def synchronize(self) -> None:
@@ -131,7 +128,7 @@ class CpuMemoryProbe(MemoryProbe):
         self._tracker = _live_bytes_tracker()
         self._depth = 0
 
-    def __enter__(self) -> "CpuMemoryProbe":
+    def __enter__(self) -> CpuMemoryProbe:
         self._tracker.__enter__()
         self._depth += 1
         return self

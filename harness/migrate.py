@@ -9,10 +9,9 @@ checked before it is written: its spec's cell id must be its file name.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
-
-import json
 
 from harness.results import SCHEMA_VERSION, CellResult, Provenance, result_paths, write_result
 from harness.spec import STACKS, make_spec
@@ -50,6 +49,7 @@ def migrate_v1(document: dict[str, Any], grid: str) -> CellResult:
     env = body.get("env")
     commit = None
     if env is not None:
+        body["env"] = env = dict(env)  # a copy: the caller's document keeps its git_commit
         commit = env.pop("git_commit", None)
     return CellResult.model_validate(
         body | {"grid": grid, "cell_id": spec.cell_id, "spec": spec,

@@ -21,7 +21,6 @@ from harness.stacks import StackUnavailable
 ROOT = Path(__file__).resolve().parent.parent
 # A notebook run by hand writes here, never under results/: only a grid's cells are the report's data.
 RUNS_DIR = ROOT / "runs"
-ONE_LINE_ERRORS: tuple[type[BaseException], ...] = (SpecError, BackendUnavailable, StackUnavailable)
 
 
 def default_output(cell_id: str) -> Path:
@@ -41,7 +40,7 @@ def run(stack: str, namespace: Mapping[str, Any]) -> CellResult:
         if isinstance(spec, OpSpec):
             return run_op_cell(spec, output, grid, notebook)
         return run_cell(spec, output, grid, notebook)
-    except (*ONE_LINE_ERRORS, CellError):
+    except (SpecError, BackendUnavailable, StackUnavailable, CellError):
         _one_line_traceback()  # a refusal, raised before any GPU work: its reason is the whole story
         raise
 

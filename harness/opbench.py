@@ -36,10 +36,10 @@ from harness import backends, environment, gpu_gate, provenance
 from harness.bracket import PeakLedger
 from harness.cell import CellError, check_backend_ran, check_device, check_writable, countable_backends, resolve_auto
 from harness.memory import probe_for, to_mib
-from harness.ops import ColpaliInBatchMaxSim, DTYPES, MaxSimOp, OpShape, PylateColbertScores, VanillaPrediction, _embeddings
+from harness.ops import DTYPES, ColpaliInBatchMaxSim, MaxSimOp, OpShape, PylateColbertScores, VanillaPrediction, _embeddings
 from harness.recorder import first_line
 from harness.replay import replay_shapes
-from harness.results import CellResult, write_result
+from harness.results import CellResult, Outcome, write_result
 from harness.spec import OpSpec
 from harness.timing import AutotuneWatch
 
@@ -191,7 +191,8 @@ def run_op_cell(spec: OpSpec, output: Path, grid: str | None = None, notebook: P
     ledger = PeakLedger(probe)
     times: list[float] = []
     counters = {name: backends.EntryPointCounter(name) for name in countable_backends(op.stack)}
-    outcome, oom_message = "ok", None
+    outcome: Outcome = "ok"
+    oom_message: str | None = None
     with probe:
         isolated = replay_shapes(op, [shape], spec.variant, probe, seed=spec.seed)
         if isolated[0].oom_in_replay:

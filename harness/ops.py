@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -169,7 +168,7 @@ class PylateColbertScores(MaxSimOp):
 
     def describe_call(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> OpShape:
         names = ("queries_embeddings", "documents_embeddings", "queries_mask", "documents_mask")
-        values = dict(zip(names, args))
+        values = dict(zip(names, args, strict=False))  # positional arguments: a prefix of the names
         values.update({k: v for k, v in kwargs.items() if k in names})
         query, doc = values["queries_embeddings"], values["documents_embeddings"]
         q_mask, d_mask = values.get("queries_mask"), values.get("documents_mask")
@@ -234,7 +233,7 @@ def _pylate_slot_vanilla(query, doc, q_mask, d_mask) -> torch.Tensor:  # type: i
         scores = scores * q_mask.unsqueeze(1).unsqueeze(3)
     if d_mask is not None:
         scores = scores * d_mask.unsqueeze(0).unsqueeze(2)
-    return scores.max(axis=-1).values.sum(axis=-1)
+    return scores.max(axis=-1).values.sum(axis=-1)  # type: ignore[call-overload]  # PyLate's own spelling (axis=)
 
 
 def _pylate_slot_lik(query, doc, q_mask, d_mask) -> torch.Tensor:  # type: ignore[no-untyped-def]

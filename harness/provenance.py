@@ -64,10 +64,13 @@ def collect(notebook: Path | None = None) -> Provenance:
     """The provenance of a cell run now from this checkout (``notebook``: the notebook that ran it)."""
     commit, dirty = checkout()
     notebook_path = None if notebook is None else (notebook if notebook.is_absolute() else ROOT / notebook)
+    stamp = environment_stamp()
     return Provenance(
         commit=commit,
         dirty=dirty,
         harness_sha256=tree_sha256(ROOT / "harness"),
         notebook_sha256=file_sha256(notebook_path) if notebook_path is not None and notebook_path.exists() else None,
-        **environment_stamp(),
+        environment=stamp.get("environment"),
+        lock_file=stamp.get("lock_file"),
+        lock_sha256=stamp.get("lock_sha256"),
     )

@@ -99,7 +99,7 @@ class OpRecorder:
         return recorded
 
     @contextlib.contextmanager
-    def installed(self, owner: object, attribute: str) -> Iterator["OpRecorder"]:
+    def installed(self, owner: object, attribute: str) -> Iterator[OpRecorder]:
         """Replace ``owner.attribute`` (the call site) by its recorded version, restoring it after."""
         original = getattr(owner, attribute)
         setattr(owner, attribute, self.wrap(original))

@@ -23,7 +23,7 @@ import torch
 from harness import backends, spec
 from harness.bracket import PeakLedger, bracket
 from harness.memory import MemoryProbe, probe_for, to_mib
-from harness.ops import DTYPES, MaxSimOp, OpShape, op_for
+from harness.ops import MaxSimOp, OpShape, op_for
 from harness.recorder import first_line, op_call
 from harness.results import OpCall, write_text_atomic
 
@@ -150,14 +150,15 @@ def replay_command(library: str, variants: Sequence[str], query_shape: tuple[int
     records = [replay_shapes(op, [shape], variant, probe)[0] for variant in variants]
 
     print(f"{library} MaxSim replay on {device}: Q{list(shape.query_shape)} D{list(shape.doc_shape)} {shape.dtype}")
-    print(f"{'variant':<8} {'fwd MiB':>11} {'held MiB':>11} {'bwd MiB':>11} {'pred fwd':>11} {'pred held':>11} {'calls':>6}  outcome")
+    headers = ("fwd MiB", "held MiB", "bwd MiB", "pred fwd", "pred held")
+    print(f"{'variant':<8} " + " ".join(f"{header:>11}" for header in headers) + f" {'calls':>6}  outcome")
     for record in records:
         outcome = record.oom_message if record.oom_in_replay else "ok"
         cells = [record.forward_transient_peak_mib, record.saved_for_backward_mib, record.backward_transient_peak_mib]
         text = " ".join(f"{v:>11.2f}" if v is not None else f"{'-':>11}" for v in cells)
         calls = "-" if record.entry_point_calls is None else str(record.entry_point_calls)
-        predicted = " ".join(f"{v:>11.2f}" if v is not None else f"{'-':>11}"
-                             for v in (record.predicted_forward_transient_mib, record.predicted_saved_for_backward_mib))  # fmt: skip
+        predictions = (record.predicted_forward_transient_mib, record.predicted_saved_for_backward_mib)
+        predicted = " ".join(f"{v:>11.2f}" if v is not None else f"{'-':>11}" for v in predictions)
         print(f"{record.variant:<8} {text} {predicted} {calls:>6}  {outcome}")
     if output is not None:
         payload: dict[str, object] = {"device": device, "records": [r.model_dump() for r in records]}

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from harness.spec import OpSpec, TrainSpec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION: Literal[2] = 2
 
 Outcome = Literal["ok", "oom", "crashed"]
 # Why a cell ended without a measurement of its own (a crash marker's ``failure``), as the
@@ -160,7 +160,7 @@ class CellResult(_Record):
             raise ValueError(f"cell_id {self.cell_id!r} is not its spec's id {self.spec.cell_id!r}")
         alloc, reserved = self.step_peak_alloc_mib, self.step_peak_reserved_mib
         self.fragmentation_mib = None if alloc is None or reserved is None else reserved - alloc
-        pairs = zip(self.step_peak_reserved_per_step_mib, self.step_peak_alloc_per_step_mib)
+        pairs = zip(self.step_peak_reserved_per_step_mib, self.step_peak_alloc_per_step_mib, strict=False)
         self.fragmentation_per_step_mib = [step_reserved - step_alloc for step_reserved, step_alloc in pairs]
         return self
 
@@ -241,7 +241,8 @@ def load_result(path: str | os.PathLike[str]) -> CellResult:
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise ResultError(f"{path}: not a valid cell result ({error.error_count()} problems; first: {where}: {first['msg']})") from None
+        problems = f"{error.error_count()} problems; first: {where}: {first['msg']}"
+        raise ResultError(f"{path}: not a valid cell result ({problems})") from None
 
 
 RESULTS_DIR_VARIABLE = "MAXSIM_RESULTS_DIR"
@@ -287,8 +288,10 @@ def read_results(
             skipped.append(Skipped(path, str(error).removeprefix(f"{path}: ")))
             continue
         if grids is not None and result.grid not in grids:
-            skipped.append(Skipped(path, f"cell of grid {result.grid!r}, not one of the report's grids ({', '.join(sorted(grids))})"
-                                   if result.grid else "a cell run outside any grid (a notebook's or `harness cell`'s own output)"))
+            known = ", ".join(sorted(grids))
+            reason = f"cell of grid {result.grid!r}, not one of the report's grids ({known})" if result.grid else (
+                "a cell run outside any grid (a notebook's or `harness cell`'s own output)")
+            skipped.append(Skipped(path, reason))
             continue
         results.append((path, result))
     return results, skipped

@@ -208,7 +208,8 @@ class TrainSpec:
     steps: int = dataclasses.field(default=4, metadata={"help": "optimizer steps"})
     warmup_steps: int = dataclasses.field(default=1, metadata={"help": "first steps left out of the steady time"})
     seed: int = dataclasses.field(default=DEFAULT_SEED, metadata={"help": "seed and data seed"})
-    preset: str = dataclasses.field(default=PRESET_AUTO, metadata={"help": "model preset: auto (full on CUDA, tiny on CPU), tiny, full"})
+    preset: str = dataclasses.field(
+        default=PRESET_AUTO, metadata={"help": "model preset: auto (full on CUDA, tiny on CPU), tiny, full"})
     device: str = dataclasses.field(default="auto", metadata={"help": "auto (CUDA when visible), cuda or cpu"})
     model_source: str | None = dataclasses.field(
         default=None, metadata={"help": "None: offline random weights; 'hub', a hub id or a checkpoint directory"})

@@ -29,7 +29,7 @@ class AutotuneWatch:
         self.events = 0
 
     @contextlib.contextmanager
-    def active(self) -> Iterator["AutotuneWatch"]:
+    def active(self) -> Iterator[AutotuneWatch]:
         try:
             from triton.runtime.autotuner import Autotuner
         except ImportError:  # no Triton, no autotuning
@@ -48,11 +48,11 @@ class AutotuneWatch:
                 if cache is not None and len(cache) > before:
                     watch.events += 1
 
-        Autotuner.run = run  # type: ignore[method-assign]
+        Autotuner.run = run
         try:
             yield self
         finally:
-            Autotuner.run = original  # type: ignore[method-assign]
+            Autotuner.run = original
 
 
 def steady_state(
@@ -70,7 +70,7 @@ class StepTimer(TrainerCallback):
     """Times every optimizer step (synchronized) and notes which steps autotuned."""
 
     def __init__(self, device: torch.device, watch: AutotuneWatch, on_step: Callable[[int], None] | None = None,
-                 ledger: "PeakLedger | None" = None) -> None:  # fmt: skip
+                 ledger: PeakLedger | None = None) -> None:  # fmt: skip
         self.device = device
         self.watch = watch
         self.on_step = on_step

@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
             same &= abs(value - before) <= args.tolerance_mib
             line.append(f"{name} {before:.1f} → {value:.1f}")
         differing += not same
-        print(f"{'same ' if same else 'DIFF '} {result.grid}/{result.cell_id}: {old.outcome} → {result.outcome}; " + "; ".join(line))
+        verdict = "same " if same else "DIFF "
+        print(f"{verdict} {result.grid}/{result.cell_id}: {old.outcome} → {result.outcome}; " + "; ".join(line))
     print(f"{len(rerun)} re-run cells, {differing} differ by more than {args.tolerance_mib} MiB or in outcome")
     return 1 if differing else 0
 

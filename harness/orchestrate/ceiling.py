@@ -73,7 +73,8 @@ def share_budgets(spec: str, gpus: Sequence[str] | None) -> dict[str | None, flo
     if spec != "free":
         budgets = dict.fromkeys(slots, gpu_gate.parse_budget(spec, "--share-gpu takes GiB or nothing"))
     else:
-        budgets = {slot: gpu_gate.free_memory_gib(cell_environment(slot, os.environ)["CUDA_VISIBLE_DEVICES"]) - 1.0 for slot in slots}
+        visible = {slot: cell_environment(slot, os.environ)["CUDA_VISIBLE_DEVICES"] for slot in slots}
+        budgets = {slot: gpu_gate.free_memory_gib(gpu) - 1.0 for slot, gpu in visible.items()}
     for slot, budget in budgets.items():
         if budget <= gpu_gate.CONTEXT_MARGIN_GIB:
             raise ValueError(f"GPU {slot or 'default'} has {budget:.1f} GiB to share, too little for any capped probe; "

@@ -158,7 +158,9 @@ def notebook_failure(path: Path) -> tuple[Failure, str | None]:
     except (OSError, ValueError):
         return "kernel_never_started", "no executed notebook was written"
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
-    if all(cell.get("metadata", {}).get("papermill", {}).get("status", "pending") == "pending" for cell in code):
+    # papermill stamps a cell's start_time as it starts it; its final save marks every cell still pending
+    # "completed", so the status alone cannot tell a kernel that never started from one that ran every cell
+    if not any(cell.get("metadata", {}).get("papermill", {}).get("start_time") for cell in code):
         return "kernel_never_started", "no code cell of the notebook ran"
     for cell in code:
         for output in cell.get("outputs", []):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.grid import GridCell
-from harness.orchestrate.launcher import ROOT, CellRun, Layout, Gate, launch, set_aside, state
+from harness.orchestrate.launcher import ROOT, CellRun, Gate, Layout, launch, set_aside, state
 from harness.orchestrate.pool import run_on_gpus
 from harness.results import load_result
 from harness.spec import STACKS
@@ -47,8 +47,9 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
         with lock:
             runs.append(done)
             phases = f"; {done.phases}" if done.phases else ""
+            detail = f" — {done.detail}" if done.detail else ""
             echo(f"[{len(runs)}/{len(todo)}] {cell.cell_id}: {done.outcome} in {done.seconds:.0f}s"
-                 f" (elapsed {time.perf_counter() - started:.0f}s{phases}){' — ' + done.detail if done.detail else ''}")  # fmt: skip
+                 f" (elapsed {time.perf_counter() - started:.0f}s{phases}){detail}")  # fmt: skip
 
     run_on_gpus(len(todo), run, gpus, cells_per_gpu)
     echo(summary(cells, layout, time.perf_counter() - started))

@@ -17,8 +17,9 @@ from typing import Any, Protocol
 import torch
 
 from harness.ops import MaxSimOp
+from harness.spec import TrainSpec
+from harness.spec import stack as stack_info
 
-from harness.spec import STACKS, TrainSpec, stack as stack_info
 
 @dataclasses.dataclass
 class BuiltCell:

@@ -161,10 +161,7 @@ def _load_parquet_rows(root: Path, n_rows: int):  # type: ignore[no-untyped-def]
     import datasets
     import pyarrow.parquet as pq
 
-    if root.is_file():
-        shards = [root]
-    else:
-        shards = sorted((root / "data").glob("train-*.parquet")) or sorted(root.glob("train-*.parquet"))
+    shards = [root] if root.is_file() else sorted((root / "data").glob("train-*.parquet")) or sorted(root.glob("train-*.parquet"))
     if not shards:
         raise FileNotFoundError(f"no train-*.parquet shards under {root} (expected {root}/data/train-00000-of-N.parquet).")
     needed, count = [], 0

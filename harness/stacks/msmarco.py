@@ -64,7 +64,8 @@ def load_triplets(source: str | None, n_rows: int, seed: int):  # type: ignore[n
     import datasets
 
     if source is None or source == "synthetic":
-        return datasets.Dataset.from_dict(synthetic_triplets(n_rows, seed)), f"synthetic:msmarco-triplet:seed={seed}:rows={n_rows}"
+        described = f"synthetic:msmarco-triplet:seed={seed}:rows={n_rows}"
+        return datasets.Dataset.from_dict(synthetic_triplets(n_rows, seed)), described
     if source == "hub":
         name, config = HUB_DATASET
         dataset = datasets.load_dataset(name, config, split=f"train[:{n_rows}]")

@@ -19,6 +19,7 @@ import os
 import shutil
 import string
 from pathlib import Path
+from typing import Any
 
 from harness.stacks import lexicon
 
@@ -84,7 +85,7 @@ def backbone_config(preset: Preset):  # type: ignore[no-untyped-def]
     return ModernBertConfig.from_dict(values)
 
 
-def colbert_options() -> dict[str, object]:
+def colbert_options() -> dict[str, Any]:
     """The published GTE-ModernColBERT-v1 settings the report measured with."""
     return dict(
         query_prefix="[Q] ",
