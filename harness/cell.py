@@ -143,6 +143,7 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
                 samples_per_step = built.samples_per_step
                 model_source, data_source = built.model_source, built.data_source
                 built.trainer.add_callback(timer)
+                quiet_printer(built.trainer)
                 with recorder.installed(built.call_site_owner, built.call_site_attribute), timed(phases, "train"):
                     built.trainer.train()
         except torch.OutOfMemoryError as error:
@@ -199,6 +200,16 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
     )
     write_result(result, output)
     return result
+
+
+def quiet_printer(trainer: object) -> None:
+    """transformers' Trainer prints its metrics dict (``{'train_runtime': …}``) when training ends,
+    through PrinterCallback; a cell reports what it measured itself, so that line only adds noise."""
+    remove = getattr(trainer, "remove_callback", None)
+    if remove is not None:
+        from transformers.trainer_callback import PrinterCallback
+
+        remove(PrinterCallback)
 
 
 def countable_backends(library: str) -> list[str]:

@@ -39,7 +39,7 @@ class Parser(argparse.ArgumentParser):
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:
             options = re.findall(r"'([^']*)'", choice[2]) or [part.strip() for part in choice[2].split(",")]
-            synonym = SYNONYMS.get(choice[1])
+            synonym = registry.SYNONYMS.get(choice[1])
             close = [synonym] if synonym in options else difflib.get_close_matches(choice[1], options, n=1)
             if close:
                 message += f"; did you mean {close[0]!r}?"
@@ -50,9 +50,6 @@ class Parser(argparse.ArgumentParser):
             if close:
                 message += f"; did you mean {close[0]}?"
         super().error(message)
-
-
-SYNONYMS = {"gpu": "cuda", "colbert": "pylate"}  # what a user may type for a choice: PyLate trains ColBERT models
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:

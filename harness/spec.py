@@ -147,12 +147,16 @@ class SpecError(ValueError):
     """A cell that cannot be described as asked: raised before anything runs, in one line."""
 
 
+SYNONYMS = {"gpu": "cuda", "colbert": "pylate"}  # what a user may type for a choice: PyLate trains ColBERT models
+
+
 def choose(kind: str, name: object, known: Iterable[str]) -> str:
     """``name`` if it is one of ``known``; else a :class:`SpecError` naming the choices and the closest one."""
     known = list(known)
     if name in known:
         return str(name)
-    close = difflib.get_close_matches(str(name), known, n=1)
+    synonym = SYNONYMS.get(str(name))
+    close = [synonym] if synonym in known else difflib.get_close_matches(str(name), known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise SpecError(f"unknown {kind} {name!r}{hint}; choose one of {', '.join(known)}.")
 

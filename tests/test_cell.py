@@ -1,25 +1,33 @@
 """The cell runner on CPU through a real transformers.Trainer (the toy stack in toy_stack.py)."""
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
-from harness import backends
-from harness.cell import CellError, CellParams, main, run_cell, validate
+from harness import backends, provenance
+from harness.cell import BackendPathError, CellError, check_backend_ran, resolve_auto, run_cell, validate
 from harness.memory import MIB
 from harness.results import load_result
+from harness.spec import OpSpec, SpecError, TrainSpec, with_fields
 from toy_stack import DIM, DOC_LENGTH, OOM_MESSAGE, QUERY_LENGTH, ToyStack
 
+ROOT = Path(__file__).resolve().parent.parent
 
-def params(tmp_path, **overrides):
-    fields = dict(stack="toy", regime="plain", batch_size=4, steps=3, preset="tiny", device="cpu",
-                  output=tmp_path / "cell.json")  # fmt: skip
-    fields.update(overrides)
-    return CellParams(**fields)
+
+def spec(**overrides):
+    """A resolved toy cell: the toy stack stands in for colpali's (see toy_stack.py)."""
+    fields = dict(stack="colpali", regime="plain", batch_size=4, steps=3, preset="tiny", device="cpu")
+    return TrainSpec(**(fields | overrides))
 
 
 def test_a_cell_trains_records_every_call_and_replays_its_shape(tmp_path):
-    result = run_cell(params(tmp_path), ToyStack())
-    assert result.outcome == "ok"
+    stack = ToyStack()
+    result = run_cell(spec(), tmp_path / "cell.json", stack=stack)
+    assert result.outcome == "ok" and stack.specs == [spec()]  # the stack is built from the spec it was given
+    assert result.spec == spec() and result.cell_id == "colpali-plain-b4-vanilla-native"
     assert len(result.step_times_sec) == 3 and result.steady_steps == [1, 2]
     assert result.samples_per_sec == pytest.approx(4 / result.steady_step_time_sec)
     # one MaxSim call per step, each with the real shapes, tagged with its step
@@ -50,8 +58,28 @@ def test_a_cell_trains_records_every_call_and_replays_its_shape(tmp_path):
     assert load_result(tmp_path / "cell.json") == result
 
 
+def test_a_cell_records_its_provenance_and_no_grid_when_run_by_hand(tmp_path):
+    result = run_cell(spec(steps=2), tmp_path / "cell.json", stack=ToyStack())
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    status = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert result.grid is None  # a cell run by hand is never part of the report
+    recorded = result.provenance
+    assert (recorded.commit, recorded.dirty) == (head, bool(status.strip()))
+    assert recorded.harness_sha256 == provenance.tree_sha256(ROOT / "harness") and len(recorded.harness_sha256) == 64
+    assert recorded.notebook_sha256 is None and recorded.migrated_from_schema is None
+    assert load_result(tmp_path / "cell.json").provenance == recorded
+    # under a grid and from a notebook: both recorded, the notebook by its content
+    notebook = Path("notebooks/colpali.ipynb")
+    result = run_cell(spec(steps=2), tmp_path / "grid.json", grid="published", notebook=notebook, stack=ToyStack())
+    assert result.grid == "published"
+    assert result.provenance.notebook_sha256 == provenance.file_sha256(ROOT / notebook)
+
+
 def test_an_oom_inside_the_op_is_an_outcome_with_its_message_and_replays_still_run(tmp_path):
-    result = run_cell(params(tmp_path), ToyStack(oom_in_head_at_step=1))
+    result = run_cell(spec(), tmp_path / "cell.json", stack=ToyStack(oom_in_head_at_step=1))
     assert result.outcome == "oom" and result.oom_where == "maxsim"
     assert result.oom_message == OOM_MESSAGE.splitlines()[0]
     first, failed = result.maxsim_calls_in_train
@@ -65,7 +93,7 @@ def test_an_oom_inside_the_op_is_an_outcome_with_its_message_and_replays_still_r
 
 
 def test_an_oom_outside_the_op_is_recorded_as_elsewhere(tmp_path):
-    result = run_cell(params(tmp_path), ToyStack(oom_in_encoder_at_step=2))
+    result = run_cell(spec(), tmp_path / "cell.json", stack=ToyStack(oom_in_encoder_at_step=2))
     assert result.outcome == "oom" and result.oom_where == "elsewhere"
     assert [c.oom_in_forward for c in result.maxsim_calls_in_train] == [False, False]
     assert len(result.step_times_sec) == 2
@@ -74,44 +102,63 @@ def test_an_oom_outside_the_op_is_recorded_as_elsewhere(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(batch_size=0), "greater than 0"),
-        (dict(steps=0), "greater than 0"),
+        (dict(batch_size=0), "batch_size must be an integer of at least 1, got 0"),
+        (dict(steps=0), "steps must be an integer of at least 1, got 0"),
         (dict(variant="fast"), "unknown variant 'fast'"),
         (dict(card="h300"), "unknown card 'h300'"),
-        (dict(score_mini_batch_size=0), "greater than 0"),
+        (dict(score_mini_batch_size=0), "score_mini_batch_size must be an integer of at least 1"),
+        (dict(regime="ckpt"), "unknown regime for colpali 'ckpt'"),
+        (dict(card="h100-80gb"), "emulation caps a CUDA device"),
+        (dict(score_mini_batch_size=64), "PyLate's chunking"),
+        (dict(variant="flash"), "variant 'flash' is not available for colpali"),
     ],
 )
-def test_bad_parameters_fail_at_construction(tmp_path, overrides, message):
-    with pytest.raises(ValueError, match=message):
-        params(tmp_path, **overrides)
+def test_bad_cells_fail_when_their_spec_is_made(overrides, message):
+    with pytest.raises(SpecError, match=message):
+        spec(**overrides)
 
 
 @pytest.mark.parametrize(
-    "overrides, error, message",
+    "cell, error, message",
     [
-        (dict(regime="ckpt"), CellError, "unknown regime 'ckpt'"),
-        (dict(preset="full"), CellError, "unknown preset 'full'"),
-        (dict(card="h100-80gb"), CellError, "needs a CUDA device"),
-        (dict(score_mini_batch_size=64), CellError, "PyLate's chunking"),
-        (dict(variant="lik"), backends.BackendUnavailable, "lik"),
-        (dict(variant="flash"), ValueError, "unknown variant 'flash' for the colpali MaxSim op"),
+        (spec(variant="lik"), backends.BackendUnavailable, "lik"),
+        (spec(stack="pylate"), CellError, "the spec is for stack 'pylate' but the stack given is 'colpali'"),
+        # on a CPU host "auto" resolves to the CPU, where a card cannot be emulated: refused at resolution
+        (TrainSpec(batch_size=4, steps=3, card="h100-80gb"), SpecError if not torch.cuda.is_available() else CellError, "CUDA"),
     ],
 )
-def test_cells_that_cannot_run_are_refused_before_anything_is_built(tmp_path, overrides, error, message):
+def test_cells_that_cannot_run_are_refused_before_anything_is_built(tmp_path, cell, error, message):
     stack = ToyStack()
     with pytest.raises(error, match=message):
-        run_cell(params(tmp_path, **overrides), stack)
+        run_cell(cell, tmp_path / "cell.json", stack=stack)
     assert stack.builds == 0 and not (tmp_path / "cell.json").exists()
 
 
-def test_an_unwritable_output_is_refused_before_training(tmp_path):
+def test_an_unwritable_output_or_an_unresolved_spec_is_refused_before_training(tmp_path):
     stack = ToyStack()
     (tmp_path / "taken").mkdir()
     with pytest.raises(CellError, match="is a directory"):
-        validate(params(tmp_path, output=tmp_path / "taken"), stack)
+        validate(spec(), tmp_path / "taken", stack)
     (tmp_path / "file").write_text("")
     with pytest.raises(CellError, match="cannot write the result"):
-        validate(params(tmp_path, output=tmp_path / "file" / "cell.json"), stack)
+        validate(spec(), tmp_path / "file" / "cell.json", stack)
+    with pytest.raises(CellError, match="resolve the spec first"):
+        validate(spec(device="auto"), tmp_path / "cell.json", stack)
+    assert stack.builds == 0
+
+
+def test_the_specs_allocator_is_applied_before_cuda_starts_and_refused_after(tmp_path, monkeypatch):
+    from harness import allocator
+
+    monkeypatch.delenv(allocator.VARIABLE, raising=False)
+    stack = ToyStack()
+    validate(spec(allocator="expandable"), tmp_path / "cell.json", stack)
+    assert allocator.current() == "expandable"
+    validate(spec(), tmp_path / "cell.json", stack)
+    assert allocator.VARIABLE not in os.environ  # back to the default
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # CUDA started under the default allocator:
+    with pytest.raises(CellError, match="allocator 'expandable' must be set before CUDA starts"):
+        run_cell(spec(allocator="expandable"), tmp_path / "cell.json", stack=stack)
     assert stack.builds == 0
 
 
@@ -119,32 +166,114 @@ def test_cuda_is_refused_clearly_on_a_cpu_host(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA")
     with pytest.raises(CellError, match="no CUDA device is visible"):
-        validate(params(tmp_path, device="cuda"), ToyStack())
+        validate(spec(device="cuda"), tmp_path / "cell.json", ToyStack())
 
 
-def test_the_command_line_reports_a_bad_cell_and_exits_2(tmp_path, capsys):
-    code = main(["--stack", "pylate", "--regime", "plain", "--batch-size", "-1", "--output", str(tmp_path / "x.json")])
-    assert code == 2
-    assert "greater than 0" in capsys.readouterr().err
+def test_the_command_line_refuses_a_bad_cell_in_one_line_and_exits_2(tmp_path, capsys):
+    from harness.cli import main
+
+    with pytest.raises(SystemExit) as exited:  # argparse: the flag's own type refuses it
+        main(["cell", "--stack", "pylate", "--batch-size", "-1", "--output", str(tmp_path / "x.json")])
+    assert exited.value.code == 2 and "argument --batch-size: must be at least 1, got -1" in capsys.readouterr().err
+    code = main(["cell", "--stack", "colpali", "--score-mini-batch-size", "64", "--output", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("harness cell: score_mini_batch_size is PyLate's chunking") and err.count("\n") == 1
+    code = main(["cell", "--stack", "pylate", "--warmup-steps", "4", "--steps", "4", "--output", str(tmp_path / "x.json")])
+    assert code == 2 and "warmup_steps (4) must be below steps (4)" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_python_m_harness_cell_is_harness_cell():
+    import sys
+
+    completed = subprocess.run([sys.executable, "-m", "harness.cell", "--stack", "colpali", "--score-mini-batch-size", "64"],
+                               capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert completed.returncode == 2
+    assert completed.stderr == "harness cell: score_mini_batch_size is PyLate's chunking; the colpali stack has no such option.\n"
 
 
 def test_a_cell_that_sees_two_gpus_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(CellError, match="sees 2 CUDA devices"):
-        validate(params(tmp_path, device="cuda"), ToyStack())
+        validate(spec(device="cuda"), tmp_path / "cell.json", ToyStack())
 
 
-def test_auto_picks_the_device_and_preset_the_machine_can_run():
-    import torch
+def test_auto_picks_the_device_and_preset_the_machine_can_run(monkeypatch):
+    for cuda, expected in ((False, ("cpu", "tiny")), (True, ("cuda", "full"))):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        resolved = resolve_auto(TrainSpec())
+        assert (resolved.device, resolved.preset) == expected
+        assert resolved == with_fields(TrainSpec(), device=expected[0], preset=expected[1])  # nothing else changes
+    resolved = resolve_auto(TrainSpec(device="cpu"))
+    assert (resolved.device, resolved.preset) == ("cpu", "tiny")
+    resolved = resolve_auto(TrainSpec(device="cpu", preset="full"))  # explicit choices are kept
+    assert (resolved.device, resolved.preset) == ("cpu", "full")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    op = resolve_auto(OpSpec(device="auto"))
+    assert op == OpSpec(device="cpu")  # an op cell has no preset to resolve
 
-    from harness.cell import resolve_auto
 
-    expected = ("cuda", "full") if torch.cuda.is_available() else ("cpu", "tiny")
-    assert resolve_auto("auto", "auto") == expected
-    assert resolve_auto("cpu", "auto") == ("cpu", "tiny")
-    assert resolve_auto("cpu", "full") == ("cpu", "full")  # explicit choices are kept
+# --- check_backend_ran: the intended kernel ran on every call, and no other ----------------------------
 
+
+def counters(**calls):
+    """EntryPointCounters with fake counts (nothing patched: they are never activated)."""
+    made = {name: backends.EntryPointCounter(name) for name in ("lik", "flash")}
+    for name, count in calls.items():
+        made[name].calls = count
+    return made
+
+
+@pytest.mark.parametrize(
+    "variant, calls, n_calls, message",
+    [
+        (
+            "lik",
+            dict(),
+            4,
+            "variant 'lik': 4 MaxSim calls were recorded but only 0 reached late_interaction_kernels.autograd:maxsim",
+        ),
+        ("flash", dict(), 2, "only 0 reached flash_maxsim:flash_maxsim_batched_train"),
+        ("lik", dict(lik=3), 4, "4 MaxSim calls were recorded but only 3 reached"),  # one call fell back
+        ("vanilla", dict(lik=2), 4, "variant 'vanilla': 2 calls reached the 'lik' kernels"),
+        ("vanilla", dict(flash=1), 4, "1 calls reached the 'flash' kernels"),
+        ("flash", dict(flash=8, lik=1), 4, "variant 'flash': 1 calls reached the 'lik' kernels"),
+    ],
+)
+def test_a_cell_whose_backend_did_not_run_alone_on_every_call_fails(variant, calls, n_calls, message):
+    with pytest.raises(BackendPathError, match=message):
+        check_backend_ran(variant, counters(**calls), n_calls)
+
+
+@pytest.mark.parametrize(
+    "variant, calls, n_calls",
+    [("vanilla", dict(), 4), ("lik", dict(lik=4), 4), ("flash", dict(flash=8), 4), ("lik", dict(lik=0), 0)],
+)
+def test_a_cell_whose_backend_ran_on_every_call_passes(variant, calls, n_calls):
+    check_backend_ran(variant, counters(**calls), n_calls)  # PyLate: once per document slot, so more is fine
+
+
+def test_a_vanilla_cell_that_reached_a_fused_kernel_writes_no_result(tmp_path, monkeypatch):
+    from harness import cell
+
+    class ReachedKernel(backends.EntryPointCounter):
+        """A counter that saw two kernel calls (as if a dispatcher ignored the vanilla switch)."""
+
+        def active(self):
+            import contextlib
+
+            self.calls = 2
+            return contextlib.nullcontext(self)
+
+    monkeypatch.setattr(cell, "countable_backends", lambda library: ["lik"])
+    monkeypatch.setattr(cell.backends, "EntryPointCounter", ReachedKernel)
+    with pytest.raises(BackendPathError, match="variant 'vanilla': 2 calls reached the 'lik' kernels"):
+        run_cell(spec(steps=2), tmp_path / "cell.json", stack=ToyStack())
+    assert not (tmp_path / "cell.json").exists()
+
+
+# --- out of memory on a shared or capped GPU -------------------------------------------------------------
 
 # PyTorch's message for an OOM under a 43.75 GiB cap on a shared H200, as a committed probe recorded it
 CAP_OOM = (
@@ -153,7 +282,9 @@ CAP_OOM = (
     "allocated memory 41.17 GiB is allocated by PyTorch, and 2.56 GiB is reserved by PyTorch but unallocated."
 )
 # the same request refused by the device while the process was far below its cap
-DEVICE_OOM = CAP_OOM.replace("15.17 GiB is free", "100.00 MiB is free").replace("41.17 GiB is allocated", "20.00 GiB is allocated")
+DEVICE_OOM = CAP_OOM.replace("15.17 GiB is free", "100.00 MiB is free").replace(
+    "41.17 GiB is allocated", "20.00 GiB is allocated"
+)
 
 
 def test_an_oom_is_the_cards_only_when_the_cap_refused_it():
@@ -173,41 +304,43 @@ def test_an_oom_is_the_cards_only_when_the_cap_refused_it():
 
 def test_a_capped_cell_that_the_device_starved_measures_nothing(tmp_path, monkeypatch):
     import toy_stack
-
     from harness import cell
 
+    output = tmp_path / "cell.json"
     monkeypatch.setattr(cell.cards, "apply_card", lambda profile, device: int(43.75 * 1024**3))
     monkeypatch.setattr(toy_stack, "OOM_MESSAGE", DEVICE_OOM)
     with pytest.raises(cell.DeviceOutOfMemory, match="another process was using the GPU"):
-        run_cell(params(tmp_path), ToyStack(oom_in_head_at_step=1))
-    assert not (tmp_path / "cell.json").exists()
+        run_cell(spec(steps=2), output, stack=ToyStack(oom_in_head_at_step=1))
+    assert not output.exists()
     monkeypatch.setattr(toy_stack, "OOM_MESSAGE", CAP_OOM)
-    assert run_cell(params(tmp_path), ToyStack(oom_in_head_at_step=1)).outcome == "oom"
+    assert run_cell(spec(steps=2), output, stack=ToyStack(oom_in_head_at_step=1)).outcome == "oom"
     monkeypatch.setattr(toy_stack, "OOM_MESSAGE", OOM_MESSAGE)  # a message that cannot be attributed:
-    assert run_cell(params(tmp_path), ToyStack(oom_in_head_at_step=1)).outcome == "oom"  # the card's when alone,
+    assert run_cell(spec(steps=2), output, stack=ToyStack(oom_in_head_at_step=1)).outcome == "oom"  # the card's when alone,
     monkeypatch.setattr(cell.gpu_gate, "share_gib", lambda: 24.96)
     with pytest.raises(cell.DeviceOutOfMemory):  # but not on a shared GPU
-        run_cell(params(tmp_path), ToyStack(oom_in_head_at_step=1))
+        run_cell(spec(steps=2), output, stack=ToyStack(oom_in_head_at_step=1))
 
 
 def test_a_cell_leaves_nothing_in_the_temporary_directory(tmp_path):
-    import os
-    import subprocess
     import sys
-    from pathlib import Path
 
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     script = (
         "import sys\n"
-        "from harness.cell import CellParams, run_cell\n"
+        "from pathlib import Path\n"
+        "from harness.cell import run_cell\n"
+        "from harness.spec import TrainSpec\n"
         "from toy_stack import ToyStack\n"
-        "params = CellParams(stack='toy', regime='plain', batch_size=4, steps=2, preset='tiny', device='cpu', output=sys.argv[1])\n"
-        "result = run_cell(params, ToyStack())\n"
+        "spec = TrainSpec(stack='colpali', batch_size=4, steps=2, preset='tiny', device='cpu')\n"
+        "result = run_cell(spec, Path(sys.argv[1]), stack=ToyStack())\n"
         "assert result.outcome == 'ok', result.outcome\n"
     )
     tests = str(Path(__file__).parent)
-    env = os.environ | {"TMPDIR": str(scratch), "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+    env = os.environ | {
+        "TMPDIR": str(scratch),
+        "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
+    }
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "cell.json")], env=env, check=True, timeout=300)
     assert load_result(tmp_path / "cell.json").outcome == "ok"
     assert sorted(os.listdir(scratch)) == []  # the trainer's output_dir went with the process

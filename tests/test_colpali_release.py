@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("colpali_engine", reason="needs the colpali or colpali-0.3.16 environment")
 from harness.stacks import colpali as stack  # noqa: E402
 
-pytestmark = pytest.mark.colpali
+pytestmark = [pytest.mark.colpali, pytest.mark.release]
 NATIVE = stack.colpali_version() >= stack.NATIVE_SWITCH_SINCE
 
 

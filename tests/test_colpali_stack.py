@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from harness.cell import CellError, CellParams, run_cell
+from harness.cell import CellError, run_cell
 from harness.memory import MIB
+from harness.spec import SpecError, TrainSpec
 from harness.stacks import colpali_data, colqwen2_model
 
 pytestmark = pytest.mark.colpali
@@ -13,10 +14,8 @@ PROMPT_TOKENS = 11
 
 
 def cell(tmp_path, **overrides):
-    fields = dict(stack="colpali", regime="plain", batch_size=BATCH, steps=STEPS, preset="tiny", device="cpu",
-                  output=tmp_path / "cell.json")  # fmt: skip
-    fields.update(overrides)
-    return run_cell(CellParams(**fields))
+    fields = dict(stack="colpali", regime="plain", batch_size=BATCH, steps=STEPS, preset="tiny", device="cpu")
+    return run_cell(TrainSpec(**(fields | overrides)), tmp_path / "cell.json")
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +26,7 @@ def processor():
 def test_a_tiny_cell_trains_through_colpali_engines_trainer(tmp_path):
     result = cell(tmp_path)
     assert result.outcome == "ok" and len(result.step_times_sec) == STEPS
+    assert result.cell_id == f"colpali-plain-b{BATCH}-vanilla-native" and result.preset == "tiny" and result.grid is None
     assert len(result.maxsim_calls_in_train) == STEPS  # one loss call per step
     for call in result.maxsim_calls_in_train:
         queries, docs = call.query_shape, call.doc_shape
@@ -52,10 +52,14 @@ def test_a_tiny_cell_trains_through_colpali_engines_trainer(tmp_path):
 
 
 def test_the_fused_variant_is_refused_on_cpu_and_flash_is_not_a_colpali_variant(tmp_path):
-    with pytest.raises(Exception, match="CUDA"):
+    from harness.backends import BackendUnavailable
+
+    with pytest.raises(BackendUnavailable, match="runs only on CUDA devices"):
         cell(tmp_path, variant="lik")
-    with pytest.raises(CellError, match="unknown variant 'flash'"):
+    with pytest.raises(SpecError, match="variant 'flash' is not available for colpali; choose one of vanilla, lik"):
         cell(tmp_path, variant="flash")
+    with pytest.raises(SpecError, match="score_mini_batch_size is PyLate's chunking"):
+        cell(tmp_path, score_mini_batch_size=2)
     assert not (tmp_path / "cell.json").exists()
 
 
@@ -125,10 +129,10 @@ def test_synthetic_pages_land_in_the_capped_visual_token_range(processor):
 
 
 def test_a_local_checkpoint_and_local_shards_load_like_the_hub(tmp_path):
+    import shutil
+
     import datasets
     from PIL import Image
-
-    import shutil
 
     checkpoint = tmp_path / "colqwen2-checkpoint"  # laid out like vidore/colqwen2-base
     model, _, _ = colqwen2_model.load(None, "tiny", 42, "cpu")
@@ -153,7 +157,7 @@ def test_a_local_checkpoint_and_local_shards_load_like_the_hub(tmp_path):
     assert len(loaded) == 8 and "train-00001-of-00002.parquet" in source
     with pytest.raises(ValueError, match="fewer than the 13"):
         colpali_data.load_train_set(str(shards.parent), 13, 42)
-    result = cell(tmp_path, model_source=str(checkpoint), data_source=str(shards.parent), batch_size=6, steps=1)
+    result = cell(tmp_path, model_source=str(checkpoint), data_source=str(shards.parent), batch_size=6, steps=1, warmup_steps=0)
     assert result.outcome == "ok"
     assert result.env.model_source == f"local:{checkpoint}" and result.env.data_source.startswith("local:")
     (call,) = result.maxsim_calls_in_train
@@ -179,7 +183,10 @@ def test_the_notebook_runs_with_only_batch_and_variant_given(tmp_path):
     root = Path(__file__).resolve().parent.parent
     output = tmp_path / "cell.json"
     papermill.execute_notebook(str(root / "notebooks" / "colpali.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                               parameters={"batch": 2, "variant": "vanilla", "steps": 1, "output": str(output)},
+                               parameters={"batch": 2, "variant": "vanilla", "steps": 1, "warmup_steps": 0,
+                                           "output": str(output)},
                                cwd=str(root), progress_bar=False)  # fmt: skip
     result = load_result(output)
     assert (result.outcome, result.preset, result.env.device, result.batch_size) == ("ok", "tiny", "cpu", 2)
+    assert result.spec == TrainSpec(batch_size=2, steps=1, warmup_steps=0, device="cpu", preset="tiny")
+    assert result.grid is None and result.provenance.notebook_sha256

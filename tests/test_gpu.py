@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from harness import cards
-from harness.cell import CellParams, run_cell
+from harness.cell import run_cell
 from harness.memory import MIB, CudaMemoryProbe
 from harness.ops import ColpaliInBatchMaxSim, OpShape, PylateColbertScores
 from harness.replay import replay_shapes
+from harness.spec import OpSpec, TrainSpec
 from harness.timing import AutotuneWatch
 
 pytestmark = [
@@ -59,10 +60,10 @@ def test_the_emulated_card_turns_an_oversized_grid_into_a_recorded_oom(probe):
 def test_a_cell_runs_on_cuda_under_the_emulated_card(tmp_path, probe):
     from toy_stack import ToyStack
 
-    params = CellParams(stack="toy", regime="plain", batch_size=32, steps=3, preset="tiny", device="cuda",
-                        card="h100-80gb", output=tmp_path / "cell.json")  # fmt: skip
-    result = run_cell(params, ToyStack())
+    spec = TrainSpec(stack="colpali", batch_size=32, steps=3, preset="tiny", device="cuda", card="h100-80gb")
+    result = run_cell(spec, tmp_path / "cell.json", stack=ToyStack())  # the toy stands in for colpali's
     assert result.outcome == "ok" and len(result.step_times_sec) == 3
+    assert result.spec == spec and result.cell_id == "colpali-plain-b32-vanilla-h100-80gb"
     assert result.env.card_cap_mib == pytest.approx(78.43 * 1024) and result.env.device_name
     assert result.step_peak_reserved_mib >= result.step_peak_alloc_mib > 0
     (isolated,) = result.maxsim_calls_isolated
@@ -86,10 +87,11 @@ def test_the_autotune_watch_sees_a_fused_kernel_tune_for_a_new_key(probe):
 @pytest.mark.colpali
 @pytest.mark.parametrize("variant", ["vanilla", "lik"])
 def test_an_op_level_negative_head_is_timed_with_cuda_events(tmp_path, probe, variant):
-    from harness.opbench import OpCellParams, run_op_cell
+    from harness.opbench import run_op_cell
 
-    result = run_op_cell(OpCellParams(stack="op-colpali", head="negative-ce", batch_size=32, negatives=4, variant=variant,
-                                      reps=10, device="cuda", output=tmp_path / "op.json"))  # fmt: skip
+    spec = OpSpec(stack="op-colpali", head="negative-ce", batch_size=32, negatives=4, variant=variant, reps=10, device="cuda")
+    result = run_op_cell(spec, tmp_path / "op.json")
+    assert result.cell_id == f"op-colpali-negative-ce-b32-n4-{variant}-native" and result.env.device == "cuda:0"
     assert result.outcome == "ok" and len(result.step_times_sec) == 10 and result.steady_step_time_sec > 0
     (replay,) = result.maxsim_calls_isolated
     if variant == "lik":
@@ -97,6 +99,51 @@ def test_an_op_level_negative_head_is_timed_with_cuda_events(tmp_path, probe, va
         assert replay.saved_for_backward_mib * MIB < replay.predicted_grid_mib * MIB / 10  # no grids kept
     else:
         assert replay.saved_for_backward_mib * MIB >= replay.predicted_grid_mib * MIB
+
+
+def test_a_lik_cell_whose_trainer_never_reached_the_kernel_fails(tmp_path, probe, monkeypatch):
+    """The toy head computes colpali's vanilla math whatever the variant: a lik cell built on it trains with the
+    real entry-point counter on the real kernel module, which counts no call, so the cell fails and writes nothing."""
+    pytest.importorskip("late_interaction_kernels")
+    from harness import cell
+    from harness.cell import BackendPathError
+    from toy_stack import ToyStack
+
+    monkeypatch.setattr(cell, "replay_shapes", lambda *args, **kwargs: [])  # the replays are not what is checked here
+    spec = TrainSpec(stack="colpali", batch_size=8, steps=2, preset="tiny", device="cuda", variant="lik")
+    with pytest.raises(BackendPathError, match="2 MaxSim calls were recorded but only 0 reached late_interaction_kernels"):
+        run_cell(spec, tmp_path / "cell.json", stack=ToyStack())
+    assert not (tmp_path / "cell.json").exists()
+
+
+def test_a_cell_runs_with_the_allocator_its_spec_names(tmp_path):
+    # CUDA has started in this process already, so the cell runs in a fresh one, as under the launcher
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from harness.cell import run_cell\n"
+        "from harness.spec import TrainSpec\n"
+        "from toy_stack import ToyStack\n"
+        "spec = TrainSpec(stack='colpali', batch_size=8, steps=2, preset='tiny', device='cuda', allocator='expandable')\n"
+        "run_cell(spec, Path(sys.argv[1]), stack=ToyStack())\n"
+    )
+    tests = str(Path(__file__).parent)
+    env = {key: value for key, value in os.environ.items() if key != "PYTORCH_CUDA_ALLOC_CONF"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+    completed = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cell.json")], env=env, capture_output=True,
+                               text=True, timeout=300)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    from harness.results import load_result
+
+    result = load_result(tmp_path / "cell.json")
+    assert result.outcome == "ok" and result.allocator == "expandable"
+    assert result.cell_id == "colpali-plain-b8-vanilla-native-expandable"
+    assert result.env.pytorch_cuda_alloc_conf == "expandable_segments:True"  # what the process really ran with
 
 
 def test_the_emulated_card_still_caps_memory_under_expandable_segments(tmp_path):

@@ -1,4 +1,8 @@
-"""The GPU gate: cells measure alone by default, side by side within a share budget, in the order they asked."""
+"""The GPU gate: cells measure alone by default, side by side within a share budget, in the order they asked.
+
+Every gate here is a lock file in the test's own folder: no test takes (or waits on) the host's real
+gates in the temporary directory, which a sweep running beside the tests holds.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,6 +19,7 @@ import pytest
 
 from harness import gpu_gate
 from harness.gpu_gate import CONTEXT_MARGIN_GIB as MARGIN
+from harness.orchestrate import pool
 
 ENTER = """
 import sys, time
@@ -48,9 +54,30 @@ def wait_for_ticket(lock, timeout_sec=60):
         time.sleep(0.05)
 
 
+@pytest.fixture(autouse=True)
+def own_gates(tmp_path, monkeypatch):
+    """Gates of this test only: sweeps started here put theirs in the test's folder, and nothing
+    inherited from the environment points a cell at a real one."""
+    folder = tmp_path / "gates"
+    folder.mkdir()
+    monkeypatch.setenv(pool.GATE_DIR_VARIABLE, str(folder))
+    monkeypatch.delenv(gpu_gate.LOCK_VARIABLE, raising=False)
+    monkeypatch.delenv(gpu_gate.SHARE_VARIABLE, raising=False)
+    return folder
+
+
 @pytest.fixture
-def gate_env(tmp_path):
-    return {**os.environ, gpu_gate.LOCK_VARIABLE: str(tmp_path / "gpu.lock")}
+def gate_env(own_gates):
+    return {**os.environ, gpu_gate.LOCK_VARIABLE: str(pool.gate_path("0"))}
+
+
+def test_a_gpus_gate_is_in_the_gate_folder_the_sweep_was_given(own_gates, monkeypatch):
+    assert pool.gate_path("7") == own_gates / "maxsim-gpu-7.gate"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert pool.gate_path(None) == own_gates / "maxsim-gpu-3.gate"  # the GPU a cell without one is pinned to
+    monkeypatch.delenv(pool.GATE_DIR_VARIABLE)
+    assert pool.gate_path("7") == Path(tempfile.gettempdir()) / "maxsim-gpu-7.gate"  # the host's, shared by its sweeps
+    assert not list(own_gates.iterdir())  # naming a gate takes nothing
 
 
 def test_what_a_cell_takes_from_a_shared_gpu():

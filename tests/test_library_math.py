@@ -8,6 +8,8 @@ import torch
 
 from harness.ops import ColpaliInBatchMaxSim, OpShape, PylateColbertScores
 
+pytestmark = pytest.mark.release
+
 
 @pytest.mark.colpali
 def test_colpali_vanilla_is_colpali_engines_own_torch_path(monkeypatch):

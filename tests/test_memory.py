@@ -47,10 +47,9 @@ def test_bracket_keeps_its_reading_when_the_work_raises():
     probe = CpuMemoryProbe()
     ledger = PeakLedger(probe)
     with probe:
-        with pytest.raises(RuntimeError):
-            with bracket(ledger) as reading:
-                held = torch.empty(512, dtype=torch.float32)
-                raise RuntimeError("boom")
+        with pytest.raises(RuntimeError), bracket(ledger) as reading:
+            held = torch.empty(512, dtype=torch.float32)
+            raise RuntimeError("boom")
         assert reading.closed and reading.transient_peak_bytes == 2048
         del held
 

@@ -4,12 +4,13 @@ import os
 
 import pytest
 
-from harness.cell import CellParams, run_cell
+from harness.cell import CellError, run_cell
+from harness.spec import TrainSpec
 
 pytest.importorskip("pylate", reason="needs the pylate or pylate-1.5 environment")
 from harness.stacks import pylate as stack  # noqa: E402
 
-pytestmark = pytest.mark.pylate
+pytestmark = [pytest.mark.pylate, pytest.mark.release]
 NATIVE = stack.pylate_version() >= stack.NATIVE_SWITCH_SINCE
 
 
@@ -35,8 +36,7 @@ def test_older_releases_patch_for_lik_and_stay_untouched_for_vanilla():
 
 @pytest.mark.skipif(NATIVE, reason="flash runs on PyLate >= 1.5.1")
 def test_older_releases_refuse_flash_before_building_anything(tmp_path):
-    params = CellParams(stack="pylate", regime="plain", batch_size=4, variant="flash", preset="tiny", device="cpu",
-                        output=tmp_path / "cell.json")  # fmt: skip
-    with pytest.raises(ValueError, match="needs PyLate >= 1.5.1"):
-        run_cell(params)
+    spec = TrainSpec(stack="pylate", regime="plain", batch_size=4, variant="flash", preset="tiny", device="cpu")
+    with pytest.raises(CellError, match="variant 'flash' needs PyLate >= 1.5.1"):
+        run_cell(spec, tmp_path / "cell.json")
     assert not (tmp_path / "cell.json").exists()

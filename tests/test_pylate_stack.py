@@ -6,8 +6,10 @@ import string
 import numpy as np
 import pytest
 
-from harness.cell import CellParams, run_cell
+from harness import provenance
+from harness.cell import run_cell
 from harness.memory import MIB
+from harness.spec import TrainSpec
 from harness.stacks import lexicon, msmarco
 
 pytestmark = pytest.mark.pylate
@@ -15,10 +17,8 @@ BATCH, STEPS = 6, 2
 
 
 def cell(tmp_path, **overrides):
-    fields = dict(stack="pylate", regime="plain", batch_size=BATCH, steps=STEPS, preset="tiny", device="cpu",
-                  output=tmp_path / "cell.json")  # fmt: skip
-    fields.update(overrides)
-    return run_cell(CellParams(**fields))
+    fields = dict(stack="pylate", regime="plain", batch_size=BATCH, steps=STEPS, preset="tiny", device="cpu")
+    return run_cell(TrainSpec(**(fields | overrides)), tmp_path / "cell.json")
 
 
 @pytest.mark.parametrize("regime", ["plain", "grad-checkpoint"])
@@ -26,6 +26,7 @@ def cell(tmp_path, **overrides):
 def test_a_tiny_cell_trains_through_pylates_trainer(tmp_path, regime, chunk):
     result = cell(tmp_path, regime=regime, score_mini_batch_size=chunk)
     assert result.outcome == "ok" and len(result.step_times_sec) == STEPS
+    assert result.cell_id == f"pylate-{regime}-b{BATCH}-vanilla{'' if chunk is None else f'-chunk{chunk}'}-native"
     calls_per_step = 1 if chunk is None else math.ceil(BATCH / chunk)
     assert len(result.maxsim_calls_in_train) == STEPS * calls_per_step
     query_rows = [c.query_shape[0] for c in result.maxsim_calls_in_train[:calls_per_step]]
@@ -42,8 +43,19 @@ def test_a_tiny_cell_trains_through_pylates_trainer(tmp_path, regime, chunk):
     assert result.env.data_source.startswith("synthetic:msmarco-triplet")
 
 
-def test_in_train_score_calls_hold_what_the_replay_holds(tmp_path):
-    result = cell(tmp_path)
+def test_in_train_score_calls_hold_what_the_replay_holds(tmp_path, capsys):
+    """Through `harness cell --device cpu` without --preset: "auto" is the tiny model on a CPU."""
+    from harness.cli import main
+    from harness.results import load_result
+
+    output = tmp_path / "cell.json"
+    assert main(["cell", "--stack", "pylate", "--device", "cpu", "--batch-size", str(BATCH), "--steps", str(STEPS),
+                 "--output", str(output)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out.splitlines()[-1]
+    assert printed.startswith(f"pylate-plain-b{BATCH}-vanilla-native: ok; peak ") and printed.endswith(f"; result in {output}")
+    result = load_result(output)
+    assert result.spec == TrainSpec(stack="pylate", batch_size=BATCH, steps=STEPS, device="cpu", preset="tiny")
+    assert result.grid is None and result.env.model_source == "offline:gte-moderncolbert-v1-tiny-random-seed42"
     (replay,) = result.maxsim_calls_isolated
     for call in result.maxsim_calls_in_train:
         # in train the doc slots are views of the stacked tensor exactly as in replay
@@ -76,7 +88,7 @@ def test_a_local_checkpoint_directory_loads_like_a_hub_id(tmp_path):
     model, source = pylate_model.load(str(saved), "full", 42, "cpu")
     assert source == f"local:{saved}"
     assert model.query_length == 48 and model.document_length == 300
-    result = cell(tmp_path, model_source=str(saved), steps=1)
+    result = cell(tmp_path, model_source=str(saved), steps=1, warmup_steps=0)
     assert result.outcome == "ok" and result.env.model_source == f"local:{saved}"
 
 
@@ -113,18 +125,25 @@ def test_the_notebook_runs_one_cell_in_a_fresh_kernel_with_papermill(tmp_path):
     import sys
     from pathlib import Path
 
+    from harness.results import load_result
+
     root = Path(__file__).resolve().parent.parent
     output = tmp_path / "cell.json"
     executed = tmp_path / "executed.ipynb"
     papermill = Path(sys.executable).parent / "papermill"
     completed = subprocess.run(
         [papermill, root / "notebooks" / "pylate.ipynb", executed, "-k", "python3", "--cwd", root,
-         "-p", "batch", "4", "-p", "steps", "1", "-p", "regime", "grad-checkpoint", "-p", "output", str(output)],
+         "-p", "batch", "4", "-p", "steps", "1", "-p", "warmup_steps", "0", "-p", "regime", "grad-checkpoint",
+         "-p", "output", str(output)],
         capture_output=True, text=True,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]
-    result = json.loads(output.read_text())
-    assert result["regime"] == "grad-checkpoint" and result["batch_size"] == 4 and result["outcome"] == "ok"
+    result = load_result(output)
+    # the notebook's parameters became the spec (device and preset "auto": the CPU and the tiny model here)
+    assert result.spec == TrainSpec(stack="pylate", regime="grad-checkpoint", batch_size=4, steps=1, warmup_steps=0, device="cpu",
+                                    preset="tiny")  # fmt: skip
+    assert result.outcome == "ok" and result.grid is None
+    assert result.provenance.notebook_sha256 == provenance.file_sha256(root / "notebooks" / "pylate.ipynb")
     notebook = json.loads(executed.read_text())
     shown = "".join(str(o.get("data", {})) for c in notebook["cells"] for o in c.get("outputs", []))
     assert "[4, 2, 300, 128]" in shown and "step peak allocated (MiB)" in shown

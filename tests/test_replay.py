@@ -1,11 +1,15 @@
+import argparse
+import json
+
 import pytest
 import torch
 
 from harness import backends
+from harness import replay as replay_module
+from harness.cli import main
 from harness.memory import MIB, CpuMemoryProbe
 from harness.ops import ColpaliInBatchMaxSim, OpShape, PylateColbertScores, op_for
-from harness.replay import main as replay_main
-from harness.replay import replay_call, replay_shapes
+from harness.replay import ReplayError, replay_call, replay_command, replay_shapes, shape_argument
 
 COLPALI = ColpaliInBatchMaxSim()
 PYLATE = PylateColbertScores()
@@ -82,7 +86,7 @@ def test_fused_variants_are_refused_on_cpu_never_replaced(op, variant):
 def test_unknown_and_unsupported_variants_are_clear_errors():
     with pytest.raises(ValueError, match="unknown variant 'fast'"):
         backends.check_supported("fast", "colpali")
-    with pytest.raises(ValueError, match="not available for the colpali stack"):
+    with pytest.raises(ValueError, match="variant 'flash' is not available for colpali; choose one of vanilla, lik"):
         backends.check_supported("flash", "colpali")
     with pytest.raises(ValueError, match="unknown variant 'flash' for the colpali MaxSim op"):
         replay(COLPALI, OpShape((2, 4, 16), (2, 8, 16), "float32"), "flash")
@@ -111,9 +115,79 @@ def test_replay_shapes_replays_each_distinct_shape_once():
 
 def test_replay_command_line(tmp_path, capsys):
     output = tmp_path / "replay.json"
-    code = replay_main(
-        ["--stack", "pylate", "--query-shape", "4,8,16", "--doc-shape", "4,2,30,16", "--device", "cpu", "--output", str(output)]
-    )
+    code = main(["replay", "--library", "pylate", "--query-shape", "4,8,16", "--doc-shape", "4x2x30x16", "--device", "cpu",
+                 "--output", str(output)])  # fmt: skip
     assert code == 0
-    assert "vanilla" in capsys.readouterr().out
+    assert "pylate MaxSim replay on cpu: Q[4, 8, 16] D[4, 2, 30, 16] float32" in capsys.readouterr().out
     assert '"doc_mask_shape": [\n        4,\n        2,\n        30\n      ]' in output.read_text()
+    (record,) = json.loads(output.read_text())["records"]
+    # PyLate's in-batch scores on [4, 2, 30] documents: per slot, the int64 max indices, plus the scores
+    assert round(record["saved_for_backward_mib"] * MIB) == 2 * (4 * 4 * 8 * 8 + 4 * 30 * 16 * 4) + 4 * 4 * 2 * 4
+    assert record["saved_for_backward_mib"] == record["predicted_saved_for_backward_mib"]
+
+
+def test_replay_command_returns_one_record_per_variant_without_a_mask(tmp_path):
+    records = replay_command("pylate", ["vanilla", "vanilla"], (2, 4, 16), (2, 2, 8, 16), doc_mask=False, device="cpu")
+    assert [r.variant for r in records] == ["vanilla", "vanilla"] and records[0].doc_mask_shape is None
+    assert records[0].saved_for_backward_mib == records[1].saved_for_backward_mib  # the same bytes each time
+
+
+@pytest.mark.parametrize(
+    "library, variants, query, doc, device, output, message",
+    [
+        (
+            "colpali",
+            ["vanilla"],
+            (2, 4, 16),
+            (2, 2, 8, 16),
+            "cpu",
+            None,
+            "colpali takes a 3-D query shape and a 3-D doc shape, got 3-D and 4-D",
+        ),
+        ("pylate", ["vanilla"], (2, 4, 16), (2, 8, 16), "cpu", None, "pylate takes a 3-D query shape and a 4-D doc shape"),
+        ("colpali", ["vanilla"], (2, 4, 16), (2, 8, 32), "cpu", None, r"differ in dimension \(16 vs 32\)"),
+        ("pylate", ["vanilla"], (3, 4, 16), (2, 2, 8, 16), "cpu", None, "batch 3 vs 2"),
+        ("colpali", ["vanilla", "flash"], (2, 4, 16), (2, 8, 16), "cpu", None, "variant 'flash' is not available for colpali"),
+        ("colpali", ["fast"], (2, 4, 16), (2, 8, 16), "cpu", None, "unknown variant 'fast'"),
+        ("pylate", ["vanilla", "lik"], (2, 4, 16), (2, 2, 8, 16), "cpu", None, "variant 'lik'"),
+        (
+            "colpali",
+            ["vanilla"],
+            (2, 4, 16),
+            (2, 8, 16),
+            "cpu",
+            "missing/replay.json",
+            "the output's folder .*missing does not exist",
+        ),
+    ],
+)
+def test_replay_command_refuses_before_any_work(tmp_path, monkeypatch, library, variants, query, doc, device, output, message):
+    monkeypatch.setattr(replay_module, "replay_shapes", lambda *args, **kwargs: pytest.fail("replayed before refusing"))
+    monkeypatch.setattr(replay_module, "probe_for", lambda *args, **kwargs: pytest.fail("probed before refusing"))
+    with pytest.raises(ReplayError, match=message):
+        replay_command(library, variants, query, doc, device=device, output=None if output is None else tmp_path / output)
+
+
+def test_replay_command_refuses_cuda_on_a_cpu_host():
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA")
+    with pytest.raises(ReplayError, match="no CUDA device is visible"):
+        replay_command("colpali", ["vanilla"], (2, 4, 16), (2, 8, 16), device="cuda")
+
+
+def test_shapes_on_the_command_line():
+    assert shape_argument("128,51,128") == shape_argument("128x51x128") == (128, 51, 128)
+    for text, message in (("4,a", "not a comma-separated list of integers"), ("4,0,2", "must have positive dimensions")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            shape_argument(text)
+
+
+def test_the_replay_command_line_refuses_in_one_line_and_exits_2(capsys):
+    for argv, message in (
+        (["--query-shape", "4,8", "--doc-shape", "4,30,16"], "colpali takes a 3-D query shape"),
+        (["--query-shape", "4,x,16", "--doc-shape", "4,30,16"], "is not a comma-separated list of integers"),
+        (["--variant", "lik", "--query-shape", "4,8,16", "--doc-shape", "4,30,16"], "variant 'lik'"),
+    ):
+        assert main(["replay", "--library", "colpali", "--device", "cpu", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("harness replay: ") and message in err and err.count("\n") == 1

@@ -1,218 +1,435 @@
-"""The sweep driver on CPU: tiny PyLate cells, each a papermill run in a fresh kernel (pylate environment)."""
+"""The sweep on CPU: tiny PyLate and op-level cells, each a papermill run in a fresh kernel (pylate
+environment), launched by :mod:`harness.orchestrate` — failures read from the executed notebook,
+resuming, concurrent cells, GPU gates (in a temporary folder, never the host's), grids refused
+before anything runs, and a driver killed mid-cell."""
 
+from __future__ import annotations
+
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import pytest
 import yaml
 
-from harness import gpu_gate, sweep
-from harness.results import load_result
+from harness import cli, gpu_gate
+from harness.grid import GridCell, GridError, load_grid
+from harness.orchestrate import launcher, pool
+from harness.orchestrate.launcher import Layout, describe_phases, set_aside, state
+from harness.orchestrate.sweep import run_sweep, skypilot_task
+from harness.results import CellResult, load_result, write_result
+from harness.spec import SpecError, TrainSpec, with_fields
 
 pytestmark = pytest.mark.pylate
 ROOT = Path(__file__).resolve().parent.parent
+HARNESS = Path(sys.executable).with_name("harness")  # this environment's console script
 
 
-@pytest.fixture
-def dying_notebook(tmp_path):
-    """The PyLate notebook, with a kernel that dies (os._exit) when batch == 3."""
-    notebook = nbformat.read(ROOT / "notebooks" / "pylate.ipynb", as_version=4)
+@pytest.fixture(autouse=True)
+def own_gates(tmp_path, monkeypatch):
+    """Every GPU gate of these tests lives in the test's folder, never in the host's temporary directory."""
+    folder = tmp_path / "gates"
+    folder.mkdir()
+    monkeypatch.setenv(pool.GATE_DIR_VARIABLE, str(folder))
+    monkeypatch.delenv(gpu_gate.LOCK_VARIABLE, raising=False)
+    monkeypatch.delenv(gpu_gate.SHARE_VARIABLE, raising=False)
+    return folder
+
+
+def notebook_variant(folder: Path, name: str, source: str, base: str = "pylate") -> Path:
+    """A stack notebook with one code cell (``source``) added right after its parameters cell, so it
+    runs with the injected parameters but before the cell itself."""
+    notebook = nbformat.read(ROOT / "notebooks" / f"{base}.ipynb", as_version=4)
     position = next(i for i, c in enumerate(notebook.cells) if "parameters" in c.metadata.get("tags", []))
-    notebook.cells.insert(position + 1, nbformat.v4.new_code_cell("import os\nif batch == 3:\n    os._exit(1)"))
-    path = tmp_path / "dying.ipynb"
+    notebook.cells.insert(position + 1, nbformat.v4.new_code_cell(source))
+    path = folder / f"{name}.ipynb"
     nbformat.write(notebook, path)
     return path
 
 
-def write_grid(tmp_path, notebook, batches, name="tiny"):
-    grid = {
-        "name": name,
-        "defaults": {"preset": "tiny", "device": "cpu", "card": "native", "steps": 1, "kernel": "python3",
-                     "notebook": str(notebook)},
-        "cells": [{"stack": "pylate", "regime": "plain", "batch_size": batches, "variant": "vanilla"}],
-    }  # fmt: skip
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(grid))
+FAILING = """
+import os
+if batch == 3:
+    os._exit(1)  # the kernel dies in the middle of a cell
+if batch == 5:
+    raise RuntimeError("this cell fails on purpose")
+"""
+
+KERNEL = """
+import pathlib, sys
+starts = pathlib.Path(__file__).with_name(pathlib.Path(__file__).stem + ".starts")
+count = int(starts.read_text()) if starts.exists() else 0
+starts.write_text(str(count + 1))
+if count < {fails}:
+    sys.exit(1)  # dies before it replies to kernel_info: no cell ever runs
+sys.argv = [sys.argv[0], "-f", sys.argv[1]]
+from ipykernel import kernelapp
+kernelapp.launch_new_instance()
+"""
+
+
+def add_kernel(tmp_path: Path, monkeypatch, name: str, fails: int) -> Path:
+    """A Jupyter kernel ``name`` (on this test's JUPYTER_PATH) that dies on its first ``fails`` starts,
+    then runs as ipykernel; returns the file counting its starts."""
+    script = tmp_path / f"{name}.py"
+    script.write_text(KERNEL.format(fails=fails))
+    spec = tmp_path / "jupyter" / "kernels" / name / "kernel.json"
+    spec.parent.mkdir(parents=True)
+    argv = [sys.executable, str(script), "{connection_file}"]
+    spec.write_text(json.dumps({"argv": argv, "display_name": name, "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    return script.with_suffix(".starts")
+
+
+TINY = {"preset": "tiny", "device": "cpu", "steps": 2, "kernel": "python3"}  # a tiny PyLate cell on the CPU
+
+
+def write_grid(path: Path, cells: list[dict], name: str = "tiny", defaults: dict = TINY, **more: object) -> Path:
+    path.write_text(yaml.safe_dump({"name": name, "defaults": defaults | more, "cells": cells}))
     return path
 
 
-def test_a_sweep_survives_a_dead_kernel_and_resumes_without_redoing_cells(tmp_path, dying_notebook):
-    grid = write_grid(tmp_path, dying_notebook, [2, 3, 4])
-    results, notebooks = tmp_path / "results", tmp_path / "cells"
-    plans = sweep.load_grid(grid)
-    lines = []
-    runs = sweep.run_sweep(plans, results, notebooks, echo=lines.append)
-    assert sorted((r.plan.batch_size, r.outcome) for r in runs) == [(2, "ok"), (3, "crashed"), (4, "ok")]
-    crashed = load_result(plans[1].result_path(results))
-    assert crashed.outcome == "crashed" and crashed.batch_size == 3 and crashed.regime == "plain"
-    assert "Kernel died" in crashed.crash_log_tail or "DeadKernelError" in crashed.crash_log_tail
-    ok = load_result(plans[0].result_path(results))
-    assert ok.outcome == "ok" and ok.maxsim_calls_in_train[0].query_shape == [2, 48, 128]
+def pylate_cells(batches: list[int]) -> list[dict]:
+    return [{"stack": "pylate", "regime": "plain", "batch_size": batches, "variant": "vanilla"}]
+
+
+def starts(path: Path) -> int:
+    return int(path.read_text()) if path.exists() else 0
+
+
+def test_a_sweep_sets_aside_a_broken_result_survives_failing_kernels_and_resumes(tmp_path, monkeypatch):
+    # B=2 trains; B=3's kernel dies mid-cell; B=5's notebook raises. Their kernel dies before it
+    # runs a cell on its very first start (B=2's): that start is retried, the others are not.
+    counter = add_kernel(tmp_path, monkeypatch, "flaky", fails=1)
+    notebook = notebook_variant(tmp_path, "failing", FAILING)
+    cells = load_grid(write_grid(tmp_path / "tiny.yaml", pylate_cells([2, 3, 5]), kernel="flaky", notebook=str(notebook)))
+    layout = Layout(tmp_path / "results", tmp_path / "cells")
+    path = {cell.spec.batch_size: layout.result_path(cell) for cell in cells}
+    path[2].parent.mkdir(parents=True)
+    path[2].write_text('{"schema_version": 2, "grid": "tin')  # a truncated write at B=2's path
+    lines: list[str] = []
+    runs = run_sweep(cells, layout, echo=lines.append)
+
+    assert any("pylate-plain-b2-vanilla-native: its result file was not a valid result" in line
+               and "kept aside as pylate-plain-b2-vanilla-native.json.broken" in line for line in lines)  # fmt: skip
+    assert path[2].with_name(path[2].name + ".broken").read_text() == '{"schema_version": 2, "grid": "tin'
+    assert "3 cells in the grid: 0 already have a result, 3 to run one after another" in lines
+    assert sorted((r.cell.spec.batch_size, r.outcome, r.failure) for r in runs) == [
+        (2, "ok", None), (3, "crashed", "kernel_died"), (5, "crashed", "error")]  # fmt: skip
+    assert starts(counter) == 4  # B=2 started twice, B=3 and B=5 once: a kernel that died in a cell is not restarted
+    assert "the kernel died before it ran a cell (attempt 1); starting the cell again" in layout.log_path(cells[0]).read_text()
+
+    # the crash markers say why, structured, from the executed notebook
+    died, raised = load_result(path[3]), load_result(path[5])
+    assert (died.outcome, died.failure, died.grid, died.cell_id, died.spec) == (
+        "crashed", "kernel_died", "tiny", "pylate-plain-b3-vanilla-native", cells[1].spec)  # fmt: skip
+    assert (raised.outcome, raised.failure) == ("crashed", "error")
+    assert raised.oom_message == "RuntimeError: this cell fails on purpose"
+    assert "this cell fails on purpose" in raised.crash_log_tail
+
+    ok = load_result(path[2])
+    assert (ok.outcome, ok.grid, ok.cell_id, ok.failure) == ("ok", "tiny", "pylate-plain-b2-vanilla-native", None)
+    assert (ok.spec.preset, ok.spec.device, ok.spec.steps) == ("tiny", "cpu", 2)  # the spec it ran, resolved
+    assert ok.provenance is not None and ok.provenance.harness_sha256
+    assert ok.maxsim_calls_in_train[0].query_shape == [2, 48, 128]
     assert set(ok.phase_sec) == {"device", "build", "train", "replay"}
     assert all("build" in r.phases for r in runs if r.outcome == "ok")  # the progress line says where the time went
-    executed = nbformat.read(plans[0].notebook_path(notebooks), as_version=4)
+    executed = nbformat.read(layout.notebook_path(cells[0]), as_version=4)
     assert executed.cells[0].source.startswith("# pylate · plain · B=2 · vanilla · native — ok")
-    assert "1 crashed, 2 ok" in lines[-1]
-    # papermill writes beside the result while the cell runs; the book only gets ended cells
-    dead = nbformat.read(plans[1].notebook_path(notebooks), as_version=4)
+    # papermill writes beside the result while a cell runs; the book only gets cells that ended
+    dead = nbformat.read(layout.notebook_path(cells[1]), as_version=4)
     assert dead.cells[0].source.startswith("# pylate · plain · B=3 · vanilla · native — crashed")
-    assert not list(results.rglob("*.running.ipynb"))
+    assert not list(tmp_path.rglob("*.running.ipynb"))
+    assert "2 crashed, 1 ok" in lines[-1]
 
-    stamps = {p.cell_id: os.stat(p.result_path(results)).st_mtime_ns for p in plans}
-    assert sweep.run_sweep(plans, results, notebooks, echo=lines.append) == []  # resume: nothing to redo
-    again = sweep.run_sweep(plans, results, notebooks, rerun_crashed=True, echo=lines.append)
-    assert [(r.plan.batch_size, r.outcome) for r in again] == [(3, "crashed")]
-    assert os.stat(plans[0].result_path(results)).st_mtime_ns == stamps[plans[0].cell_id]
+    # resume: nothing to redo; with --rerun-crashed only the crashed cells run again
+    stamp = os.stat(path[2]).st_mtime_ns
+    assert run_sweep(cells, layout, echo=lines.append) == []
+    assert "3 cells in the grid: 3 already have a result, 0 to run one after another" in lines
+    again = run_sweep(cells, layout, rerun_crashed=True, echo=lines.append)
+    assert [(r.cell.spec.batch_size, r.outcome, r.failure) for r in again] == [
+        (3, "crashed", "kernel_died"), (5, "crashed", "error")]  # fmt: skip
+    assert os.stat(path[2]).st_mtime_ns == stamp and starts(counter) == 6
 
 
-def test_cells_run_concurrently_one_per_gpu(tmp_path, dying_notebook):
-    plans = sweep.load_grid(write_grid(tmp_path, dying_notebook, [2, 4], name="pair"))
-    lines = []
-    runs = sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", gpus=["0", "1"], echo=lines.append)
+def test_a_kernel_that_never_runs_a_cell_is_started_again_then_marked(tmp_path, monkeypatch):
+    counter = add_kernel(tmp_path, monkeypatch, "stillborn", fails=10**6)
+    no_back_off = SimpleNamespace(perf_counter=time.perf_counter, sleep=lambda seconds: None)
+    monkeypatch.setattr(launcher, "time", no_back_off)  # the launcher's own clock only
+    (cell,) = load_grid(write_grid(tmp_path / "tiny.yaml", pylate_cells([2]), kernel="stillborn"))
+    layout = Layout(tmp_path / "results", tmp_path / "cells")
+    (run,) = run_sweep([cell], layout, echo=lambda line: None)
+    assert (run.outcome, run.failure) == ("crashed", "kernel_never_started")
+    assert starts(counter) == launcher.KERNEL_START_ATTEMPTS == 3
+    log = layout.log_path(cell).read_text()
+    assert "(attempt 1); starting the cell again" in log and "(attempt 2); starting the cell again" in log
+    marker = load_result(layout.result_path(cell))
+    assert (marker.outcome, marker.failure, marker.spec) == ("crashed", "kernel_never_started", cell.spec)
+    assert state(cell, layout) == "crashed"  # a crashed cell: --rerun-crashed runs it again
+
+
+def test_why_a_notebook_failed_is_read_from_papermills_record_in_it(tmp_path):
+    def executed(*cells: dict) -> Path:
+        """A notebook as papermill leaves it: each code cell's status, start time and outputs."""
+        notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# a cell")])
+        for index, (status, started, outputs) in enumerate((c["status"], c.get("started"), c.get("outputs", [])) for c in cells):
+            cell = nbformat.v4.new_code_cell(f"step_{index}()", outputs=[nbformat.v4.new_output(**o) for o in outputs])
+            cell.metadata["papermill"] = {"status": status, "start_time": started, "exception": None}
+            notebook.cells.append(cell)
+        path = tmp_path / f"notebook-{len(list(tmp_path.glob('*.ipynb')))}.ipynb"
+        nbformat.write(notebook, path)
+        return path
+
+    at = "2026-11-30T22:00:00"
+    raised = {"output_type": "error", "ename": "RuntimeError", "evalue": "no", "traceback": []}
+    starved = raised | {"ename": "DeviceOutOfMemory", "evalue": "the device refused 2 GiB"}
+    assert launcher.notebook_failure(tmp_path / "none.ipynb") == ("kernel_never_started", "no executed notebook was written")
+    # papermill's last save marks every cell still pending "completed": only the start times tell
+    never = executed({"status": "completed"}, {"status": "completed"})
+    assert launcher.notebook_failure(never) == ("kernel_never_started", "no code cell of the notebook ran")
+    died = executed({"status": "completed", "started": at}, {"status": "running", "started": at})
+    assert launcher.notebook_failure(died) == ("kernel_died", "the kernel stopped in the middle of a cell")
+    assert launcher.notebook_failure(executed({"status": "failed", "started": at, "outputs": [raised]})) == (
+        "error", "RuntimeError: no")  # fmt: skip
+    assert launcher.notebook_failure(executed({"status": "failed", "started": at, "outputs": [starved]})) == (
+        "device_out_of_memory", "DeviceOutOfMemory: the device refused 2 GiB")  # fmt: skip
+
+
+def test_op_cells_run_through_the_same_sweep_one_per_gpu_at_once(tmp_path, own_gates):
+    entries = [{"stack": "op-pylate", "head": "inbatch", "batch_size": [2, 3], "variant": "vanilla"}]
+    defaults = {"device": "cpu", "reps": 2, "warmup": 1, "kernel": "python3"}
+    cells = load_grid(write_grid(tmp_path / "op.yaml", entries, name="op-tiny", defaults=defaults))
+    layout = Layout(tmp_path / "results", tmp_path / "cells")
+    lines: list[str] = []
+    runs = run_sweep(cells, layout, gpus=["0", "1"], echo=lines.append)
+    assert sorted((r.cell.spec.batch_size, r.outcome) for r in runs) == [(2, "ok"), (3, "ok")]
     assert sorted(r.slot for r in runs) == ["0", "1"]
     first_finish = next(i for i, line in enumerate(lines) if line.startswith("[1/2]"))
     assert sum(line.strip().startswith("start") for line in lines[:first_finish]) == 2  # both running at once
+    result = load_result(layout.result_path(cells[1]))
+    assert (result.kind, result.preset, result.regime, len(result.step_times_sec)) == ("op", "op", "inbatch", 2)
+    assert result.maxsim_calls_isolated[0].query_shape == [3, 48, 128]
+    assert layout.result_path(cells[1]).relative_to(tmp_path / "results") == Path(
+        "op-tiny", "op-pylate", "inbatch", "op-pylate-inbatch-b3-vanilla-native.json")
+    # each GPU's cells entered that GPU's gate, in this test's gate folder
+    assert {p.name for p in own_gates.glob("*.gate")} == {"maxsim-gpu-0.gate", "maxsim-gpu-1.gate"}
 
 
-def test_two_cells_per_gpu_start_together_and_measure_one_at_a_time(tmp_path, dying_notebook, monkeypatch):
-    monkeypatch.setattr(sweep, "gate_path", lambda gpu: tmp_path / f"gpu-{gpu}.lock")
-    plans = sweep.load_grid(write_grid(tmp_path, dying_notebook, [2, 4], name="gated"))
-    lines = []
-    runs = sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", gpus=["7"], cells_per_gpu=2, echo=lines.append)
-    assert sorted((r.plan.batch_size, r.outcome, r.slot) for r in runs) == [(2, "ok", "7"), (4, "ok", "7")]
+def test_two_cells_per_gpu_start_together_and_measure_one_at_a_time(tmp_path, own_gates):
+    cells = load_grid(write_grid(tmp_path / "gated.yaml", pylate_cells([2, 4]), name="gated"))
+    layout = Layout(tmp_path / "results", tmp_path / "cells")
+    lines: list[str] = []
+    runs = run_sweep(cells, layout, gpus=["7"], cells_per_gpu=2, echo=lines.append)
+    assert sorted((r.cell.spec.batch_size, r.outcome, r.slot) for r in runs) == [(2, "ok", "7"), (4, "ok", "7")]
     first_finish = next(i for i, line in enumerate(lines) if line.startswith("[1/2]"))
     assert sum(line.strip().startswith("start") for line in lines[:first_finish]) == 2
     # both started at once, so one of them waited for the other's whole process to end
-    waits = sorted(load_result(p.result_path(tmp_path / "results")).gpu_wait_sec for p in plans)
+    waits = sorted(load_result(layout.result_path(cell)).gpu_wait_sec for cell in cells)
     assert waits[0] < 0.5 < waits[1]
-    monkeypatch.undo()
-    assert sweep.gate_path("7").name == "maxsim-gpu-7.gate"
+    assert (own_gates / "maxsim-gpu-7.gate").exists()  # the gate they shared is this test's own
     with pytest.raises(ValueError, match="at least 1"):
-        sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", cells_per_gpu=0)
+        run_sweep(cells, layout, cells_per_gpu=0, echo=lambda line: None)
 
 
-def test_a_gate_passes_its_lock_and_share_budget_to_the_cell(tmp_path):
-    alone = sweep.Gate(tmp_path / "gpu.lock")
-    assert alone.environment() == {gpu_gate.LOCK_VARIABLE: str(tmp_path / "gpu.lock")}
-    shared = sweep.Gate(tmp_path / "gpu.lock", share_gib=138.75)
-    assert shared.environment()[gpu_gate.SHARE_VARIABLE] == "138.75"
+SLEEPY = """
+import os, pathlib, time
+marker = pathlib.Path({marker!r})
+if batch == 3 and not marker.exists():  # the first time only: the sweep is killed here
+    marker.write_text(str(os.getpid()))
+    time.sleep(300)
+"""
 
 
-def test_an_invalid_grid_is_rejected_before_anything_runs(tmp_path, dying_notebook):
-    path = write_grid(tmp_path, dying_notebook, [2])
-    grid = yaml.safe_load(path.read_text())
-    grid["cells"] += [
+def test_a_sweep_whose_driver_was_killed_mid_cell_resumes_there(tmp_path, own_gates):
+    marker = tmp_path / "sleeping-kernel.pid"
+    notebook = notebook_variant(tmp_path, "sleepy", SLEEPY.format(marker=str(marker)))
+    grid = write_grid(tmp_path / "tiny.yaml", pylate_cells([2, 3]), notebook=str(notebook))
+    cells = load_grid(grid)
+    layout = Layout(tmp_path / "results", tmp_path / "book")
+    folders = ["--results-dir", str(layout.results_dir), "--notebooks-dir", str(layout.notebooks_dir)]
+    command = [str(HARNESS), "sweep", str(grid), *folders]
+    env = os.environ | {pool.GATE_DIR_VARIABLE: str(own_gates)}
+    with open(tmp_path / "driver.log", "w") as log:  # both cells at once: B=2 trains while B=3 sleeps
+        driver = subprocess.Popen([*command, "--cells-per-gpu", "2"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                  start_new_session=True)  # fmt: skip
+    kernel = None
+    try:
+        deadline = time.monotonic() + 240
+        while not (marker.exists() and marker.read_text() and layout.notebook_path(cells[0]).exists()):  # B=2 ended
+            assert driver.poll() is None, (tmp_path / "driver.log").read_text()
+            assert time.monotonic() < deadline, "B=2 never finished while B=3 slept"
+            time.sleep(0.2)
+        kernel = int(marker.read_text())
+        assert layout.result_path(cells[1]).with_suffix(".running.ipynb").exists()  # B=3 is mid-cell
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and its papermill, as a closed terminal or a lost node would
+        driver.wait()
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        if kernel is not None:  # the kernel runs in a session of its own: end it by its id
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(kernel, signal.SIGKILL)
+    assert state(cells[0], layout) == "done" and state(cells[1], layout) == "missing"
+    assert not list(layout.notebooks_dir.rglob("*.running.ipynb"))  # the book has only cells that ended
+    stamp = os.stat(layout.result_path(cells[0])).st_mtime_ns
+
+    again = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "2 cells in the grid: 1 already have a result, 1 to run one after another" in again.stdout
+    assert "start pylate-plain-b3-vanilla-native" in again.stdout and "start pylate-plain-b2" not in again.stdout
+    assert load_result(layout.result_path(cells[1])).outcome == "ok"
+    assert os.stat(layout.result_path(cells[0])).st_mtime_ns == stamp  # the finished cell was not run again
+    assert not list(tmp_path.rglob("*.running.ipynb"))
+    assert nbformat.read(layout.notebook_path(cells[1]), as_version=4).cells[0].source.startswith(
+        "# pylate · plain · B=3 · vanilla · native — ok")
+
+
+def test_a_notebook_a_killed_driver_left_behind_a_finished_cell_reaches_the_book(tmp_path):
+    (cell,) = load_grid(write_grid(tmp_path / "tiny.yaml", pylate_cells([2])))
+    layout = Layout(tmp_path / "results", tmp_path / "book")
+    ran = with_fields(cell.spec, preset="tiny", device="cpu")
+    write_result(CellResult(grid="tiny", cell_id=ran.cell_id, spec=ran, outcome="ok"), layout.result_path(cell))
+    running = layout.result_path(cell).with_suffix(".running.ipynb")  # papermill was still in the display cells
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# PyLate cell")]), running)
+    assert run_sweep([cell], layout, echo=lambda line: None) == []  # the cell is done: it does not run again
+    assert not running.exists() and layout.notebook_path(cell).exists()
+
+
+def test_a_cell_state_is_read_from_the_result_at_its_path(tmp_path):
+    (cell,) = load_grid(write_grid(tmp_path / "tiny.yaml", pylate_cells([2])))
+    layout = Layout(tmp_path / "results", tmp_path / "cells")
+    path = layout.result_path(cell)
+    assert path == tmp_path / "results" / "tiny" / "pylate" / "plain" / "pylate-plain-b2-vanilla-native.json"
+    assert layout.notebook_path(cell) == tmp_path / "cells" / "tiny" / "pylate" / "plain" / "pylate-plain-b2-vanilla-native.ipynb"
+    assert layout.log_path(cell) == path.with_suffix(".log")
+    assert state(cell, layout) == "missing"
+    ran = with_fields(cell.spec, preset="tiny", device="cpu")
+    write_result(CellResult(grid="tiny", cell_id=ran.cell_id, spec=ran, outcome="ok"), path)
+    assert state(cell, layout) == "done"
+    write_result(CellResult.crashed(cell.spec, "tiny", "kernel_died", "log", 1.0), path)
+    assert state(cell, layout) == "crashed"
+    for foreign in (CellResult(grid="other", cell_id=ran.cell_id, spec=ran, outcome="ok"),  # another grid's
+                    CellResult(grid="tiny", cell_id=ran.cell_id, spec=with_fields(ran, steps=3), outcome="ok")):  # fmt: skip
+        write_result(foreign, path)
+        assert state(cell, layout) == "broken"
+    path.write_text("not json")
+    assert state(cell, layout) == "broken"
+    assert set_aside(path).name == "pylate-plain-b2-vanilla-native.json.broken" and not path.exists()
+    path.write_text("{}")
+    assert set_aside(path).name == "pylate-plain-b2-vanilla-native.json.broken-1"  # the first one is kept
+
+
+def test_an_invalid_grid_is_rejected_before_anything_runs(tmp_path, capsys):
+    cells = pylate_cells([2]) + [
         {"stack": "pylate", "regime": "plain", "batch_size": 0, "variant": "vanilla"},
         {"stack": "pylate", "regime": "sideways", "batch_size": 2, "variant": "vanilla"},
         {"stack": "pylate", "regime": "plain", "batch_size": 2, "variant": "turbo"},
         {"stack": "pylate", "regime": "plain", "batch_size": 2, "variant": "vanilla"},
     ]
-    path.write_text(yaml.safe_dump(grid))
-    with pytest.raises(sweep.GridError) as error:
-        sweep.load_grid(path)
+    path = write_grid(tmp_path / "bad.yaml", cells)
+    with pytest.raises(GridError) as error:
+        load_grid(path)
     message = str(error.value)
-    for expected in ("greater than 0", "unknown regime 'sideways'", "unknown variant 'turbo'", "cells repeat"):
+    for expected in ("batch_size must be an integer of at least 1, got 0", "unknown regime for pylate 'sideways'",
+                     "unknown variant 'turbo'", "cells repeat: pylate-plain-b2-vanilla-native"):  # fmt: skip
         assert expected in message
-    assert not (tmp_path / "results").exists()
-    assert sweep.main([str(path), "--dry-run"]) == 2
+    results = tmp_path / "results"
+    assert cli.main(["sweep", str(path), "--results-dir", str(results), "--notebooks-dir", str(tmp_path / "cells")]) == 2
+    assert "unknown variant 'turbo'" in capsys.readouterr().err
+    assert not results.exists() and not (tmp_path / "cells").exists()
+    with pytest.raises(SpecError, match="unknown stack 'pylat' \\(did you mean 'pylate'\\?\\)"):
+        load_grid(ROOT / "grids" / "ours.yaml", stacks=["pylat"])
 
 
 def test_the_published_grid_expands_to_its_cells_and_lists_them(capsys):
-    plans = sweep.load_grid(ROOT / "grids" / "published.yaml", stacks=["pylate"])
-    assert len(plans) == 3 * 2 + 4 * 2 + 2
-    assert {p.card for p in plans} == {"h100-80gb"}
-    assert sweep.main([str(ROOT / "grids" / "published.yaml"), "--stack", "pylate", "--dry-run"]) == 0
-    assert "pylate-grad-checkpoint-b1024-vanilla-chunk64-h100-80gb" in capsys.readouterr().out
+    cells = load_grid(ROOT / "grids" / "published.yaml", stacks=["pylate"])
+    assert len(cells) == 3 * 2 + 4 * 2 + 2
+    assert {c.spec.card for c in cells} == {"h100-80gb"} and {c.grid for c in cells} == {"published"}
+    assert all(isinstance(c.spec, TrainSpec) and c.kernel is None and c.notebook is None for c in cells)
+    assert cli.main(["sweep", str(ROOT / "grids" / "published.yaml"), "--stack", "pylate", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "pylate-grad-checkpoint-b1024-vanilla-chunk64-h100-80gb" in out and out.endswith("16 cells\n")
 
 
 def test_a_skypilot_task_is_written_for_a_grid(tmp_path):
     target = tmp_path / "sky.yaml"
-    assert sweep.main([str(ROOT / "grids" / "ours.yaml"), "--stack", "pylate", "--skypilot", str(target)]) == 0
+    assert cli.main(["sweep", str(ROOT / "grids" / "ours.yaml"), "--stack", "pylate", "--skypilot", str(target)]) == 0
     task = yaml.safe_load(target.read_text())
     assert set(task) == {"name", "workdir", "resources", "setup", "run"}
     assert task["name"] == "maxsim-ours" and task["resources"]["accelerators"] == "H100:1"
     assert "tools/envs.py create pylate --torch system" in task["setup"]
-    assert "harness-sweep grids/ours.yaml --gpus all" in task["run"]
+    assert ".venvs/pylate/bin/harness sweep grids/ours.yaml --gpus all" in task["run"]
+    assert task == skypilot_task(ROOT / "grids" / "ours.yaml", load_grid(ROOT / "grids" / "ours.yaml", ["pylate"]))
 
 
 def test_every_cell_sees_exactly_one_gpu():
-    assert sweep.cell_environment("1", {"CUDA_VISIBLE_DEVICES": "0,1"})["CUDA_VISIBLE_DEVICES"] == "1"
-    assert sweep.cell_environment(None, {"CUDA_VISIBLE_DEVICES": "3,5"})["CUDA_VISIBLE_DEVICES"] == "3"
-    assert sweep.cell_environment(None, {})["CUDA_VISIBLE_DEVICES"] == "0"
+    assert pool.cell_environment("1", {"CUDA_VISIBLE_DEVICES": "0,1"})["CUDA_VISIBLE_DEVICES"] == "1"
+    assert pool.cell_environment(None, {"CUDA_VISIBLE_DEVICES": "3,5"})["CUDA_VISIBLE_DEVICES"] == "3"
+    assert pool.cell_environment(None, {})["CUDA_VISIBLE_DEVICES"] == "0"
+    assert pool.visible_gpus("0, 1") == ["0", "1"]
 
 
-def test_op_level_cells_run_through_the_same_sweep(tmp_path):
-    grid = {
-        "name": "op-tiny",
-        "defaults": {"device": "cpu", "card": "native", "steps": 2, "kernel": "python3"},
-        "cells": [{"stack": "op-pylate", "regime": "inbatch", "batch_size": [2, 3], "variant": "vanilla"}],
-    }
-    path = tmp_path / "op.yaml"
-    path.write_text(yaml.safe_dump(grid))
-    plans = sweep.load_grid(path)
-    runs = sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", echo=lambda line: None)
-    assert [(r.plan.batch_size, r.outcome) for r in runs] == [(2, "ok"), (3, "ok")]
-    result = load_result(plans[1].result_path(tmp_path / "results"))
-    assert result.preset == "op" and len(result.step_times_sec) == 2
-    assert result.maxsim_calls_isolated[0].query_shape == [3, 48, 128]
+def test_workers_take_every_task_once_and_share_their_gpus_gate(own_gates):
+    taken: list[tuple[int, str | None, pool.Gate]] = []
+    pool.run_on_gpus(5, lambda index, gpu, gate: taken.append((index, gpu, gate)), ["0", "1"], cells_per_gpu=2,
+                     share_gib={"1": 60.0})  # fmt: skip
+    assert sorted(index for index, _, _ in taken) == [0, 1, 2, 3, 4]
+    assert {(gpu, gate) for _, gpu, gate in taken} <= {
+        ("0", pool.Gate(own_gates / "maxsim-gpu-0.gate")), ("1", pool.Gate(own_gates / "maxsim-gpu-1.gate", 60.0))}
+    with pytest.raises(ValueError, match="at least 1"):
+        pool.run_on_gpus(1, lambda *args: None, None, cells_per_gpu=0)
+
+
+def test_a_gate_passes_its_lock_and_share_budget_to_the_cell(tmp_path):
+    alone = pool.Gate(tmp_path / "gpu.lock")
+    assert alone.environment() == {gpu_gate.LOCK_VARIABLE: str(tmp_path / "gpu.lock")}
+    shared = pool.Gate(tmp_path / "gpu.lock", share_gib=138.75)
+    assert shared.environment()[gpu_gate.SHARE_VARIABLE] == "138.75"
 
 
 def test_the_op_grid_expands_and_rejects_negatives_where_they_do_not_belong(tmp_path):
-    plans = sweep.load_grid(ROOT / "grids" / "op.yaml")
-    assert len(plans) == 3 * 2 + 2 * 3 * 3 * 2 + 5 * 3
-    assert "op-colpali-negative-ce-b256-n16-lik-native" in {p.cell_id for p in plans}
-    bad = {"name": "bad", "defaults": {"device": "cpu"},
-           "cells": [{"stack": "pylate", "regime": "plain", "batch_size": 2, "variant": "vanilla", "negatives": 4},
-                     {"stack": "op-colpali", "regime": "negative-ce", "batch_size": 2, "variant": "vanilla"}]}  # fmt: skip
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(bad))
-    with pytest.raises(sweep.GridError) as error:
-        sweep.load_grid(path)
-    assert "negatives are for op-level heads" in str(error.value) and "needs negatives" in str(error.value)
+    cells = load_grid(ROOT / "grids" / "op.yaml")
+    assert len(cells) == 3 * 2 + 2 * 3 * 3 * 2 + 5 * 3
+    assert "op-colpali-negative-ce-b256-n16-lik-native" in {c.cell_id for c in cells}
+    bad = write_grid(tmp_path / "bad.yaml", [
+        {"stack": "pylate", "regime": "plain", "batch_size": 2, "variant": "vanilla", "negatives": 4},
+        {"stack": "op-colpali", "head": "negative-ce", "batch_size": 2, "variant": "vanilla"},
+        {"stack": "op-colpali", "head": "inbatch", "batch_size": 2, "variant": "vanilla", "negatives": 4},
+    ], name="bad", defaults={"device": "cpu"})  # fmt: skip
+    with pytest.raises(GridError) as error:
+        load_grid(bad)
+    message = str(error.value)
+    assert "train cells have no field 'negatives'" in message
+    assert "the negative-ce head needs negatives" in message
+    assert "the inbatch head has no explicit negatives" in message
 
 
 def test_match_selects_cells_by_id(capsys):
     grid = str(ROOT / "grids" / "ours.yaml")
-    assert sweep.main([grid, "--match", "colpali-*-b256-*", "--dry-run"]) == 0
+    assert cli.main(["sweep", grid, "--match", "colpali-*-b256-*", "--dry-run"]) == 0
     listed = [line.split()[-1] for line in capsys.readouterr().out.splitlines()[:-1]]
     assert listed == ["colpali-plain-b256-vanilla-native", "colpali-plain-b256-lik-native"]
-    assert sweep.main([grid, "--match", "nothing-*", "--dry-run"]) == 2
+    assert cli.main(["sweep", grid, "--match", "nothing-*", "--dry-run"]) == 2
+    assert "no cell of" in capsys.readouterr().err
 
 
 def test_the_progress_line_says_where_a_cells_time_went():
-    from harness.results import CellResult
-
-    result = CellResult(stack="pylate", regime="plain", batch_size=2, variant="vanilla", card="native", steps=8, seed=42,
-                        preset="tiny", outcome="ok", gpu_wait_sec=31.2,
+    spec = TrainSpec(stack="pylate", regime="plain", batch_size=2, steps=8, preset="tiny", device="cpu")
+    result = CellResult(grid="tiny", cell_id=spec.cell_id, spec=spec, outcome="ok", gpu_wait_sec=31.2,
                         phase_sec={"device": 2.6, "build": 40.1, "train": 86.0, "replay": 0.2})  # fmt: skip
-    assert sweep.describe_phases(result) == "wait 31s · device 3s · build 40s · train 86s"  # under half a second: left out
-    assert sweep.describe_phases(result.model_copy(update={"gpu_wait_sec": None, "phase_sec": {}})) == ""
+    assert describe_phases(result) == "wait 31s · device 3s · build 40s · train 86s"  # under half a second: left out
+    assert describe_phases(result.model_copy(update={"gpu_wait_sec": None, "phase_sec": {}})) == ""
 
 
-def test_a_kernel_that_dies_before_it_starts_is_started_again(tmp_path, dying_notebook, monkeypatch):
-    plans = sweep.load_grid(write_grid(tmp_path, dying_notebook, [2]))
-    real_run, starts = subprocess.run, []
-
-    def flaky_start(command, stdout, **kwargs):
-        starts.append(command)
-        if len(starts) == 1:  # what papermill prints when the kernel dies before kernel_info
-            stdout.write("RuntimeError: Kernel died before replying to kernel_info\n")
-            stdout.flush()
-            return subprocess.CompletedProcess(command, 1)
-        return real_run(command, stdout=stdout, **kwargs)
-
-    monkeypatch.setattr(sweep.subprocess, "run", flaky_start)
-    (run,) = sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", echo=lambda line: None)
-    assert run.outcome == "ok" and len(starts) == 2
-    assert "starting the cell again" in plans[0].log_path(tmp_path / "results").read_text()
-
-
-def test_a_kernel_that_dies_while_running_is_not_started_again(tmp_path, dying_notebook, monkeypatch):
-    plans = sweep.load_grid(write_grid(tmp_path, dying_notebook, [3]))
-    real_run, starts = subprocess.run, []
-    monkeypatch.setattr(sweep.subprocess, "run", lambda command, **kwargs: starts.append(command) or real_run(command, **kwargs))
-    (run,) = sweep.run_sweep(plans, tmp_path / "results", tmp_path / "cells", echo=lambda line: None)
-    assert run.outcome == "crashed" and len(starts) == 1  # it died in a cell: a real crash, recorded once
+def test_grid_entries_carry_their_launcher_settings(tmp_path):
+    (cell,) = load_grid(write_grid(tmp_path / "g.yaml", pylate_cells([2]), notebook="elsewhere.ipynb"))
+    assert cell == GridCell("tiny", TrainSpec(stack="pylate", regime="plain", batch_size=2, steps=2, preset="tiny", device="cpu"),
+                            kernel="python3", notebook="elsewhere.ipynb")  # fmt: skip

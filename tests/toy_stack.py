@@ -1,6 +1,10 @@
 """A tiny stack for CPU tests of the cell runner: a real transformers.Trainer, a toy two-tower
 encoder and colpali-engine's in-batch MaxSim as the loss head (the wrapped call site).
 
+It stands in for the colpali stack (``name = "colpali"``, its op is colpali's in-batch MaxSim), so
+the cells it builds are described by ordinary ``TrainSpec(stack="colpali", ...)`` specs and pass
+the spec's own checks; ``run_cell(spec, output, stack=ToyStack())`` builds it instead of the real one.
+
 It can be told to raise ``torch.OutOfMemoryError`` inside the MaxSim head or in the encoder at a
 given step, to exercise OOM-as-outcome without a GPU.
 """
@@ -68,24 +72,26 @@ class ToyTrainer(Trainer):
 
 @dataclasses.dataclass
 class ToyStack:
-    """Implements harness.stacks.Stack; ``builds`` counts how often build() ran."""
+    """Implements harness.stacks.Stack; ``builds`` counts how often build() ran, ``specs`` what it was given."""
 
     oom_in_head_at_step: int | None = None
     oom_in_encoder_at_step: int | None = None
-    name: str = "toy"
+    name: str = "colpali"
     regimes: tuple[str, ...] = ("plain",)
-    presets: tuple[str, ...] = ("tiny",)
+    presets: tuple[str, ...] = ("tiny", "full")
     op: ColpaliInBatchMaxSim = dataclasses.field(default_factory=ColpaliInBatchMaxSim)
     builds: int = 0
+    specs: list = dataclasses.field(default_factory=list)
 
-    def check(self, params):  # type: ignore[no-untyped-def]
+    def check(self, spec):  # type: ignore[no-untyped-def]
         return None
 
-    def build(self, params, device):  # type: ignore[no-untyped-def]
+    def build(self, spec, device):  # type: ignore[no-untyped-def]
         self.builds += 1
-        torch.manual_seed(params.seed)
-        generator = torch.Generator().manual_seed(params.seed)
-        n_rows = params.batch_size * params.steps
+        self.specs.append(spec)
+        torch.manual_seed(spec.seed)
+        generator = torch.Generator().manual_seed(spec.seed)
+        n_rows = spec.batch_size * spec.steps
         rows = [
             {
                 "query_ids": torch.randint(0, VOCAB, (QUERY_LENGTH,), generator=generator),
@@ -98,8 +104,8 @@ class ToyStack:
         head.oom_at_step = self.oom_in_head_at_step
         args = TrainingArguments(
             output_dir=scratch_output_dir("toy-trainer-"),
-            max_steps=params.steps,
-            per_device_train_batch_size=params.batch_size,
+            max_steps=spec.steps,
+            per_device_train_batch_size=spec.batch_size,
             learning_rate=1e-3,
             use_cpu=device.type == "cpu",
             report_to=[],
@@ -107,8 +113,8 @@ class ToyStack:
             logging_strategy="no",
             remove_unused_columns=False,
             dataloader_num_workers=0,
-            seed=params.seed,
-            data_seed=params.seed,
+            seed=spec.seed,
+            data_seed=spec.seed,
             disable_tqdm=True,
         )
         trainer = ToyTrainer(model=encoder, args=args, train_dataset=rows, head=head)
@@ -116,7 +122,7 @@ class ToyStack:
             trainer=trainer,
             call_site_owner=head,
             call_site_attribute="forward",
-            samples_per_step=params.batch_size,
+            samples_per_step=spec.batch_size,
             model_source="toy:random",
             data_source="toy:random-ids",
         )

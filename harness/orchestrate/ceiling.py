@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from harness import gpu_gate
 from harness.grid import GridCell
-from harness.orchestrate.launcher import Gate, Layout, launch, state
+from harness.orchestrate.launcher import Gate, Layout, launch, set_aside, state
 from harness.orchestrate.pool import cell_environment, run_on_gpus
 from harness.search import Ceiling, CeilingSearch, describe, search_state
 
@@ -31,8 +31,12 @@ def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gat
         cell = GridCell(search.grid, spec, search.kernel, search.notebook)
         if cell.cell_id in rerun:
             return search_state(search, layout.results_dir)[0]  # it crashed again: stop there
-        if state(cell, layout) == "crashed":
+        current = state(cell, layout)
+        if current == "crashed":
             rerun.add(cell.cell_id)
+        if current == "broken":
+            moved = set_aside(layout.result_path(cell))
+            echo(f"  {cell.cell_id}: its result file was not a valid result of this probe; kept aside as {moved.name}")
         run = launch(cell, layout, gpu, gate)
         if run.failure == "device_out_of_memory" and gate is not None and gate.share_gib is not None:
             echo(f"  {cell.cell_id}: the device, not the card's cap, ran out beside other probes; running it alone")

@@ -81,6 +81,22 @@ def state(cell: GridCell, layout: Layout) -> State:
     return "crashed" if result.outcome == "crashed" else "done"
 
 
+def running_notebook(cell: GridCell, layout: Layout) -> Path:
+    """Where papermill writes a cell's notebook while it runs (beside the result, out of the book)."""
+    return layout.result_path(cell).with_suffix(".running.ipynb")
+
+
+def finish_orphan(cell: GridCell, layout: Layout) -> bool:
+    """Move into the book the notebook of a cell that ended while its driver was stopped (its result
+    written, papermill killed before it moved the notebook); True if there was one."""
+    running = running_notebook(cell, layout)
+    if state(cell, layout) not in ("done", "crashed") or not running.exists():
+        return False
+    outcome = load_result(layout.result_path(cell)).outcome
+    publish_notebook(running, layout.notebook_path(cell), f"{cell.spec.title} — {outcome}")
+    return True
+
+
 def set_aside(path: Path) -> Path:
     """Move a broken result out of the report's way, keeping it: ``<name>.json.broken[-N]``."""
     target = path.with_name(path.name + ".broken")
@@ -103,7 +119,7 @@ def launch(cell: GridCell, layout: Layout, gpu: str | None, gate: Gate | None = 
     result_path, notebook_path, log_path = layout.result_path(cell), layout.notebook_path(cell), layout.log_path(cell)
     # papermill writes as it goes; the notebook reaches the book only once the cell has ended, so a
     # sweep stopped mid-cell leaves no half-run notebook there (the cell simply runs again on resume).
-    running_path = result_path.with_suffix(".running.ipynb")
+    running_path = running_notebook(cell, layout)
     for path in (result_path, notebook_path, log_path):
         path.parent.mkdir(parents=True, exist_ok=True)
     spec = cell.spec
@@ -134,9 +150,9 @@ def launch(cell: GridCell, layout: Layout, gpu: str | None, gate: Gate | None = 
         kind, message = failure or ("error", "the notebook ended without writing a valid result of this cell")
         marker = CellResult.crashed(spec, cell.grid, kind, log_tail(log_path, lines=40), seconds, message)
         write_result(marker, result_path)
-        _publish_notebook(running_path, notebook_path, f"{spec.title} — crashed")
+        publish_notebook(running_path, notebook_path, f"{spec.title} — crashed")
         return CellRun(cell, "crashed", seconds, gpu or "-", f"{kind}: {message}; log {log_path}", failure=kind)
-    _publish_notebook(running_path, notebook_path, f"{spec.title} — {result.outcome}")
+    publish_notebook(running_path, notebook_path, f"{spec.title} — {result.outcome}")
     return CellRun(cell, result.outcome, seconds, gpu or "-", result.oom_message or "", describe_phases(result))
 
 
@@ -184,11 +200,12 @@ def describe_phases(result: CellResult) -> str:
     return " · ".join(f"{name} {seconds:.0f}s" for name, seconds in phases if seconds >= 0.5)
 
 
-def _publish_notebook(running_path: Path, notebook_path: Path, title: str) -> None:
+def publish_notebook(running_path: Path, notebook_path: Path, title: str) -> None:
     """Title the executed notebook and move it into the book in one step (same file system)."""
     if not running_path.exists():
         return
     _retitle(running_path, title)
+    notebook_path.parent.mkdir(parents=True, exist_ok=True)
     os.replace(running_path, notebook_path)
 
 

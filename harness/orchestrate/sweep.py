@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.grid import GridCell
-from harness.orchestrate.launcher import ROOT, CellRun, Gate, Layout, launch, set_aside, state
+from harness.orchestrate.launcher import ROOT, CellRun, Gate, Layout, finish_orphan, launch, set_aside, state
 from harness.orchestrate.pool import run_on_gpus
 from harness.results import load_result
 from harness.spec import STACKS
@@ -27,6 +27,8 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
     whose cells start up together but measure one at a time (:mod:`harness.gpu_gate`)."""
     todo = []
     for cell in cells:
+        if finish_orphan(cell, layout):
+            echo(f"  {cell.cell_id}: ended while its sweep was stopped; its notebook moved into the book")
         current = state(cell, layout)
         if current == "broken":
             moved = set_aside(layout.result_path(cell))
