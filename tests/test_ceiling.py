@@ -479,3 +479,17 @@ def test_every_probe_is_plotted_at_its_peaks_one_panel_per_allocator(tmp_path, l
     fails = probes[(probes["allocator"] == "default") & (probes["outcome"] == "oom")]
     assert sorted(failed.get_offsets()[:, 0]) == sorted(fails["batch_size"])
     assert data.ceiling_probes(tmp_path / "nothing").empty
+
+
+def test_a_broken_file_at_a_probe_path_is_kept_aside_said_and_the_probe_runs(tmp_path, layout, monkeypatch):
+    monkeypatch.setattr(orchestrate, "launch", fake_probe(700))
+    s = search(limit=1024)
+    first = GridCell(s.grid, s.probe(s.start, s.seeds[0]))
+    path = layout.result_path(first)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"schema_version": 2, "grid": "ceil')  # a write cut short
+    lines: list[str] = []
+    result = orchestrate.run_search(s, layout, None, None, echo=lines.append)
+    assert (result.fits, result.fails) == (672, 704)
+    assert path.with_name(path.name + ".broken").read_text().startswith('{"schema_version": 2')
+    assert any(line.endswith(f"kept aside as {path.name}.broken") for line in lines)
