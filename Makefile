@@ -1,12 +1,13 @@
 # The two set-up commands (README): `make report` builds the book from committed results,
-# `make test` runs the tests. Both create their environments on first use.
+# `make test` runs the tests. Both create their environments on first use. `make lint` runs ruff and
+# mypy (pinned in envs/lint.txt, installed into .venvs/pylate).
 PYLATE := .venvs/pylate/bin/python
 COLPALI := .venvs/colpali/bin/python
 PYLATE15 := .venvs/pylate-1.5/bin/python
 COLPALI316 := .venvs/colpali-0.3.16/bin/python
 TORCH ?= cpu
 
-.PHONY: report test envs clean-book
+.PHONY: report test lint envs clean-book
 
 envs: .venvs/pylate/.ready .venvs/colpali/.ready .venvs/pylate-1.5/.ready .venvs/colpali-0.3.16/.ready
 
@@ -14,15 +15,45 @@ envs: .venvs/pylate/.ready .venvs/colpali/.ready .venvs/pylate-1.5/.ready .venvs
 	python3 tools/envs.py create $* --torch $(TORCH)
 	touch $@
 
+# Each test runs in one environment: the generic ones (no stack library needed) and the `pylate`
+# ones in pylate, the `colpali` ones in colpali; the older releases' environments run only the
+# `release` tests, whose outcome depends on the library release installed (pyproject.toml).
 test: envs
 	$(PYLATE) -m pytest -m "not colpali and not gpu"
-	$(COLPALI) -m pytest -m "not pylate and not gpu"
-	$(PYLATE15) -m pytest -m "pylate and not gpu"
-	$(COLPALI316) -m pytest -m "colpali and not gpu"
+	$(COLPALI) -m pytest -m "colpali and not gpu"
+	$(PYLATE15) -m pytest -m "pylate and release and not gpu"
+	$(COLPALI316) -m pytest -m "colpali and release and not gpu"
+
+# No `ruff format --check`: harness/ keeps hand-wrapped calls (closing brackets on the last line)
+# that ruff's formatter would rewrap. The lint tools take the pylate lock as constraints: they never
+# move its pins.
+lint: .venvs/pylate/.ready
+	$(PYLATE) -m pip install --quiet --disable-pip-version-check -c envs/pylate/constraints.txt -r envs/lint.txt
+	$(PYLATE) -m ruff check harness tools tests
+	$(PYLATE) -m mypy harness tools
+
+# The book builds into .cache/book-build/ (hidden from the book's sources, ignored by git) and replaces _build only once
+# it built, so a failed build leaves the last good book in place. First, every results file the
+# report skips is printed with its reason; a page that raised is named, with its traceback.
+BOOK_BUILD := .cache/book-build
 
 report: .venvs/pylate/.ready
-	rm -rf _build
-	.venvs/pylate/bin/jupyter-book build --all -W --keep-going .
+	$(PYLATE) -m harness.report.data --check
+	rm -rf $(BOOK_BUILD)
+	@if ! .venvs/pylate/bin/jupyter-book build --all -W --keep-going --path-output $(BOOK_BUILD) .; then \
+		echo "make report: the book did not build; _build still holds the last good book." >&2; \
+		reports=$(BOOK_BUILD)/_build/html/reports; \
+		for log in $$(find $$reports -name '*.err.log' 2>/dev/null | sort); do \
+			page=$${log#$$reports/}; \
+			echo "make report: page $${page%.err.log} raised ($$log):" >&2; \
+			cat "$$log" >&2; \
+		done; \
+		exit 1; \
+	fi
+	rm -rf _build.old
+	if [ -d _build ]; then mv _build _build.old; fi
+	mv $(BOOK_BUILD)/_build _build
+	rm -rf _build.old $(BOOK_BUILD)
 
 clean-book:
 	rm -rf _build

@@ -14,5 +14,5 @@ def pytest_collection_modifyitems(config, items):
     """Stack-marked tests skip, with the reason, outside their environment (`make test` routes them)."""
     for item in items:
         for marker, module in _LIBRARIES.items():
-            if marker in item.keywords and importlib.util.find_spec(module) is None:
+            if item.get_closest_marker(marker) and importlib.util.find_spec(module) is None:
                 item.add_marker(pytest.mark.skip(reason=f"needs the {marker} environment ({module} not installed)"))

@@ -11,6 +11,11 @@ Standard library only: this runs before anything is installed.
     python tools/envs.py create pylate --torch system --host h200-cuda-image --wheelhouse wheelhouse
     python tools/envs.py lock colpali pylate           # maintainers: re-resolve constraints.txt
     python tools/envs.py lock pylate --host h200-cuda-image   # ... and a GPU image's lock
+    python tools/envs.py kernel pylate                 # (re)install the kernel into .venvs/pylate
+    python tools/envs.py stamp pylate                  # (re)write .venvs/pylate/maxsim-env.json
+
+The environment names and their Jupyter kernels come from ``harness/spec.py`` (``ENVIRONMENTS``),
+which imports the standard library only, like this script.
 
 Each environment ``NAME`` is described by ``envs/NAME/``:
 
@@ -20,11 +25,19 @@ Each environment ``NAME`` is described by ``envs/NAME/``:
   ``torch-cpu.txt`` (``--torch cpu``), so a GPU image's CUDA build is never replaced;
 * ``no-deps.txt`` — the stack library, installed without its dependency metadata (see each file);
 * ``torch-cpu.txt`` — the torch layer for machines without a CUDA torch.
+
+Each environment's kernel is installed into the environment itself
+(``.venvs/NAME/share/jupyter/kernels/KERNEL``, ``ipykernel install --prefix``), never per user, so
+two checkouts on one machine keep their own kernels. ``create`` also writes
+``.venvs/NAME/maxsim-env.json``: the environment's name, the lock it was created from and that
+lock's SHA-256, which ``harness.provenance`` records in every result.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -33,32 +46,44 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # harness.spec imports the standard library only (harness/__init__ imports nothing)
+from harness import spec  # noqa: E402
+
 ENVS = ROOT / "envs"
 VENVS = ROOT / ".venvs"
-ENVIRONMENTS = ("colpali", "colpali-0.3.16", "pylate", "pylate-1.5", "replay")
-KERNELS = {"colpali": "maxsim-colpali", "colpali-0.3.16": "maxsim-colpali-0.3.16", "pylate": "maxsim-pylate", "pylate-1.5": "maxsim-pylate-1.5"}  # the names notebooks declare
+ENVIRONMENTS = tuple(spec.ENVIRONMENTS)
+KERNELS = {name: env.kernel for name, env in spec.ENVIRONMENTS.items() if env.kernel}  # the names notebooks declare
+STAMP = "maxsim-env.json"  # read back through sys.prefix by harness.provenance (ENVIRONMENT_STAMP)
 # Provided by the host or torch-cpu.txt, never by the lock. setuptools too: it is a build tool, and
 # host torch builds bound it (torch 2.11 needs setuptools<82), so a pin would fight the host.
-HOST_PROVIDED = re.compile(
-    r"^(torch|torchvision|torchaudio|triton|nvidia-[\w-]+|cuda-[\w-]+|setuptools)(\[|=|\s|;|$)", re.I
-)
+HOST_PROVIDED = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-[\w-]+|cuda-[\w-]+|setuptools)(\[|=|\s|;|$)", re.I)
 DEFAULT_PLATFORMS = (
     "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
     "manylinux2014_x86_64", "manylinux1_x86_64",
 )  # fmt: skip
 
 
-def run(command: list[str], **kwargs) -> None:  # type: ignore[no-untyped-def]
+def run(command: list[str | Path], **kwargs: Any) -> None:
     print("+", " ".join(str(part) for part in command), flush=True)
     subprocess.run([str(part) for part in command], check=True, **kwargs)
 
 
+def environment(name: str) -> str:
+    """``name`` if harness.spec knows the environment; the argparse type of every NAME argument."""
+    try:
+        return spec.choose("environment", name, ENVIRONMENTS)
+    except spec.SpecError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def env_dir(name: str) -> Path:
-    if name not in ENVIRONMENTS:
-        sys.exit(f"unknown environment {name!r}; choose one of {', '.join(ENVIRONMENTS)}")
-    return ENVS / name
+    try:
+        return ENVS / environment(name)
+    except argparse.ArgumentTypeError as error:
+        sys.exit(str(error))
 
 
 def read_lines(path: Path) -> list[str]:
@@ -76,7 +101,7 @@ def create(args: argparse.Namespace) -> None:
     venv = VENVS / args.name
     if venv.exists() and args.fresh:
         shutil.rmtree(venv)
-    venv_command = [sys.executable, "-m", "venv", venv]
+    venv_command: list[str | Path] = [sys.executable, "-m", "venv", venv]
     if args.torch == "system":
         venv_command.insert(3, "--system-site-packages")
     try:
@@ -95,7 +120,7 @@ def create(args: argparse.Namespace) -> None:
                                        capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
         host = sorted({path for path in site.getsitepackages() if Path(path).is_dir()})
         (Path(site_packages) / "_host_site_packages.pth").write_text("\n".join(host) + "\n")
-    pip = [python, "-m", "pip", "install", "--disable-pip-version-check"]
+    pip: list[str | Path] = [python, "-m", "pip", "install", "--disable-pip-version-check"]
     source: list[str | Path] = []
     if args.wheelhouse:
         source = ["--no-index", "--find-links", Path(args.wheelhouse).resolve()]
@@ -109,16 +134,90 @@ def create(args: argparse.Namespace) -> None:
         run([*pip, *source, "-r", folder / "torch-cpu.txt"])
 
     requirements = requirements_file(args.name, args.host)
-    run([*pip, *source, "-c", constraints_file(args.name, args.host), "-r", requirements])
+    lock_file = constraints_file(args.name, args.host)
+    run([*pip, *source, "-c", lock_file, "-r", requirements])
     if read_lines(folder / "no-deps.txt"):
         run([*pip, *source, "--no-deps", "-r", folder / "no-deps.txt"])
     # The harness itself, editable. Offline there is no index to build it in isolation from.
     isolation = ["--no-build-isolation"] if args.wheelhouse else []
     run([*pip, *isolation, "--no-deps", "-e", ROOT])
     if args.name in KERNELS and not args.no_kernel:
-        run([python, "-m", "ipykernel", "install", "--user", "--name", KERNELS[args.name],
-             "--display-name", f"MaxSim report ({args.name})"])  # fmt: skip
+        install_kernel(args.name)
     run([python, "-c", "import harness.cell, torch; print('harness ready with torch', torch.__version__)"])
+    write_stamp(args.name, lock_file)
+
+
+def install_kernel(name: str) -> Path:
+    """Install NAME's kernel into .venvs/NAME (``--prefix``): its spec lives in the environment, its
+    argv names the environment's python by absolute path (ipykernel writes the ``sys.executable``
+    of the python that runs it). Returns the kernel's folder."""
+    venv = VENVS / name
+    run([venv_python(name), "-m", "ipykernel", "install", "--prefix", venv, "--name", KERNELS[name],
+         "--display-name", f"MaxSim report ({name})"])  # fmt: skip
+    drop_user_kernel(name)
+    return venv / "share" / "jupyter" / "kernels" / KERNELS[name]
+
+
+def user_kernel_dir() -> Path:
+    """Where ``ipykernel install --user`` puts kernels on Linux (jupyter_core's user data dir)."""
+    data = os.environ.get("JUPYTER_DATA_DIR")
+    if data:
+        return Path(data) / "kernels"
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "jupyter" / "kernels"
+
+
+def drop_user_kernel(name: str) -> None:
+    """Remove a per-user kernel of NAME's name left by an older envs.py, but only one whose python is
+    in this checkout's .venvs: another checkout's kernel is not ours to touch."""
+    folder = user_kernel_dir() / KERNELS[name]
+    try:
+        python = Path(json.loads((folder / "kernel.json").read_text())["argv"][0])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return
+    if python.is_relative_to(VENVS):
+        shutil.rmtree(folder)
+        print(f"removed the per-user kernel {folder} (this checkout's kernels now live in .venvs/*/share/jupyter)")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_stamp(name: str, lock_file: Path, venv: Path | None = None) -> Path:
+    """Write VENV/maxsim-env.json: the environment, the lock it was created from (relative to the
+    repository root) and the lock's SHA-256. ``harness.provenance`` reads it back via sys.prefix."""
+    venv = VENVS / name if venv is None else venv
+    stamp = {
+        "environment": name,
+        "lock_file": lock_file.resolve().relative_to(ROOT).as_posix(),
+        "lock_sha256": sha256(lock_file),
+    }
+    path = venv / STAMP
+    path.write_text(json.dumps(stamp, indent=2) + "\n")
+    print(f"wrote {path}: {stamp['lock_file']} {stamp['lock_sha256'][:12]}")
+    return path
+
+
+def existing_venv(name: str) -> Path:
+    venv = VENVS / name
+    if not venv_python(name).exists():
+        sys.exit(f"no environment at {venv}; create it first: python tools/envs.py create {name}")
+    return venv
+
+
+def stamp(args: argparse.Namespace) -> None:
+    """Rewrite the stamp of existing environments (created before envs.py wrote one, or re-locked)."""
+    for name in args.names:
+        write_stamp(name, constraints_file(name, args.host), existing_venv(name))
+
+
+def kernel(args: argparse.Namespace) -> None:
+    """(Re)install the kernels of existing environments into the environments themselves."""
+    for name in args.names:
+        existing_venv(name)
+        if name not in KERNELS:
+            sys.exit(f"the {name} environment has no kernel (harness.spec: no notebooks run there)")
+        print(f"kernel {KERNELS[name]}: {install_kernel(name)}")
 
 
 HOSTS = ENVS / "hosts"  # `pip freeze` of known GPU images, one file per image
@@ -160,7 +259,6 @@ def lock(args: argparse.Namespace) -> None:
     and the offline wheelhouse stays small.
     """
     for name in args.names:
-        folder = env_dir(name)
         target = constraints_file(name, args.host)
         with tempfile.TemporaryDirectory() as scratch:
             raw = Path(scratch) / "lock.txt"
@@ -253,7 +351,7 @@ def main() -> None:
     commands = parser.add_subparsers(dest="command", required=True)
 
     create_parser = commands.add_parser("create", help="create .venvs/NAME with the harness and a Jupyter kernel")
-    create_parser.add_argument("name", choices=ENVIRONMENTS)
+    create_parser.add_argument("name", type=environment, metavar="NAME", help=f"one of {', '.join(ENVIRONMENTS)}")
     create_parser.add_argument("--torch", choices=["cpu", "system"], default="cpu",
                                help="cpu: install envs/NAME/torch-cpu.txt; system: reuse the host's CUDA torch")  # fmt: skip
     create_parser.add_argument("--wheelhouse", help="install offline from this folder of wheels")
@@ -263,17 +361,26 @@ def main() -> None:
     create_parser.set_defaults(handler=create)
 
     lock_parser = commands.add_parser("lock", help="re-resolve envs/NAME/constraints.txt (needs uv)")
-    lock_parser.add_argument("names", nargs="+", choices=ENVIRONMENTS)
+    lock_parser.add_argument("names", nargs="+", type=environment, metavar="NAME")
     lock_parser.add_argument("--host", help="lock for a known GPU image (envs/hosts/HOST.txt), preferring its versions")
     lock_parser.set_defaults(handler=lock)
 
     wheel_parser = commands.add_parser("wheelhouse", help="download the wheels of environments for an offline host")
-    wheel_parser.add_argument("names", nargs="+", choices=ENVIRONMENTS)
+    wheel_parser.add_argument("names", nargs="+", type=environment, metavar="NAME")
     wheel_parser.add_argument("--dest", default=str(ROOT / "wheelhouse"))
     wheel_parser.add_argument("--python-version", default="3.12")
     wheel_parser.add_argument("--platform", action="append", help="pip platform tag; repeatable (default: manylinux x86_64)")
     wheel_parser.add_argument("--host", help="a known GPU image: its lock, minus what the image already has")
     wheel_parser.set_defaults(handler=wheelhouse)
+
+    stamp_parser = commands.add_parser("stamp", help=f"rewrite .venvs/NAME/{STAMP} (the lock it was created from)")
+    stamp_parser.add_argument("names", nargs="+", type=environment, metavar="NAME")
+    stamp_parser.add_argument("--host", help="the environment was created with --host HOST: stamp constraints.HOST.txt")
+    stamp_parser.set_defaults(handler=stamp)
+
+    kernel_parser = commands.add_parser("kernel", help="(re)install NAME's Jupyter kernel into .venvs/NAME")
+    kernel_parser.add_argument("names", nargs="+", type=environment, metavar="NAME")
+    kernel_parser.set_defaults(handler=kernel)
 
     args = parser.parse_args()
     args.handler(args)
