@@ -11,6 +11,6 @@ for env in pylate colpali; do
     || { tail -20 "$OUT/envs-$env.log"; exit 1; }
 done
 status=0
-.venvs/pylate/bin/python -m pytest -m "gpu and not colpali" -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest-pylate.log" | tail -15 || status=1
-.venvs/colpali/bin/python -m pytest -m "gpu and colpali" -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest-colpali.log" | tail -15 || status=1
+.venvs/pylate/bin/python -m pytest tests/test_gpu.py -m "gpu and not colpali" -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest-pylate.log" | tail -15 || status=1
+.venvs/colpali/bin/python -m pytest tests/test_gpu.py -m "gpu and colpali" -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest-colpali.log" | tail -15 || status=1
 exit $status
