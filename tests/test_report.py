@@ -267,6 +267,9 @@ def test_a_stack_page_screenshot_shows_its_table_and_plot(tmp_path, tmp_path_fac
 
     pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
     ink = (pixels.sum(axis=2) < 600).mean()  # share of non-white pixels
-    colourful = (np.ptp(pixels, axis=2) > 60).mean()  # saturated pixels: plot lines and bars, not text
     assert ink > 0.03, "the page looks blank"
-    assert colourful > 0.005, "no plot colours on the page"
+    # the plots drew: pixels in matplotlib's first four colours (one per backend), which text never uses;
+    # flash's blue may sit under lik's orange, whose points it equals, so three of the four must show
+    backends = {"C0": (31, 119, 180), "C1": (255, 127, 14), "C2": (44, 160, 44), "C3": (214, 39, 40)}
+    shown = {name: int((np.abs(pixels - np.array(rgb)).sum(axis=2) < 60).sum()) for name, rgb in backends.items()}
+    assert sum(count >= 250 for count in shown.values()) >= 3, f"plot colours on the page (pixels): {shown}"
