@@ -287,7 +287,7 @@ def _results(args: argparse.Namespace) -> int:
     from harness.grid import grid_names
     from harness.results import read_results
 
-    grids = set(grid_names()) | {"shared-gpu-check"}
+    grids = set(grid_names())
     results, skipped = read_results(args.folder, grids)
     counts = Counter(result.grid for _, result in results)
     print(f"{len(results)} results of the report's grids under {args.folder}: "

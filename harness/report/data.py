@@ -30,7 +30,7 @@ from harness.results import CellResult, Skipped, default_results_dir, frame_of, 
 from harness.search import Ceiling, CeilingSearch, Probes, load_searches, search_state
 from harness.spec import CARDS
 
-SHARED_CHECK = "shared-gpu-check"  # ceiling probes run again on a shared GPU: a grid name of its own
+SHARED_CHECK = "shared-gpu-check"  # grids/shared-gpu-check.yaml: a ceiling search run again on a shared GPU
 CEILINGS = "ceilings"  # the grid of the ceiling searches' probes
 CEILINGS_GRID = ROOT / "grids" / "ceilings.yaml"
 PUBLISHED = ROOT / "book" / "data" / "published.csv"
@@ -40,8 +40,8 @@ Item = tuple[Path, CellResult]
 
 
 def report_grids() -> frozenset[str]:
-    """The grids whose results the report reads: every grid file's name, and the shared-GPU check."""
-    return frozenset(grid_names()) | {SHARED_CHECK}
+    """The grids whose results the report reads: every grid file's name (``grids/*.yaml``)."""
+    return frozenset(grid_names())
 
 
 @dataclasses.dataclass(frozen=True)
