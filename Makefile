@@ -32,15 +32,16 @@ lint: .venvs/pylate/.ready
 	$(PYLATE) -m ruff check harness tools tests
 	$(PYLATE) -m mypy harness tools
 
-# The book builds into .cache/book-build/ (hidden from the book's sources, ignored by git) and replaces _build only once
-# it built, so a failed build leaves the last good book in place. First, every results file the
-# report skips is printed with its reason; a page that raised is named, with its traceback.
+# The book is book/ (book/_config.yml, book/_toc.yml): `jupyter-book build book` is the whole build.
+# Here it builds into .cache/book-build/ (ignored by git) and replaces _build (the HTML: _build/html)
+# only once it built, so a failed build leaves the last good book in place. First, every results file
+# the report skips is printed with its reason; a page that raised is named, with its traceback.
 BOOK_BUILD := .cache/book-build
 
 report: .venvs/pylate/.ready
 	$(PYLATE) -m harness.report.data --check
 	rm -rf $(BOOK_BUILD)
-	@if ! .venvs/pylate/bin/jupyter-book build --all -W --keep-going --path-output $(BOOK_BUILD) .; then \
+	@if ! .venvs/pylate/bin/jupyter-book build --all -W --keep-going --path-output $(BOOK_BUILD) book; then \
 		echo "make report: the book did not build; _build still holds the last good book." >&2; \
 		reports=$(BOOK_BUILD)/_build/html/reports; \
 		for log in $$(find $$reports -name '*.err.log' 2>/dev/null | sort); do \

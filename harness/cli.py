@@ -159,7 +159,22 @@ def build_parser() -> Parser:
     migrate.add_argument("--dry-run", action="store_true", help="say what would be rewritten")
     commands.add_parser("schema", help="print the JSON schema of a cell result",
                         description="print the JSON schema of a cell result")
+    cellbook = commands.add_parser("cellbook", help="render the book's executed cell notebooks' tables from their results",
+                                   description="render the book's executed cell notebooks' tables from their results")
+    _cellbook_arguments(cellbook)
     return parser
+
+
+def _cellbook_arguments(parser: argparse.ArgumentParser) -> None:
+    from harness.cellbook import add_arguments
+
+    add_arguments(parser)
+
+
+def _cellbook(args: argparse.Namespace) -> int:
+    from harness.cellbook import command
+
+    return command(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -316,7 +331,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "cell": _run_cell, "op": _run_cell, "replay": _replay, "sweep": _sweep, "ceiling": _ceiling,
-    "results": _results, "migrate": _migrate, "schema": _schema,
+    "results": _results, "migrate": _migrate, "schema": _schema, "cellbook": _cellbook,
 }  # fmt: skip
 
 

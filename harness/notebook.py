@@ -8,6 +8,8 @@ are shown as their one-line reason, not under a traceback.
 
 from __future__ import annotations
 
+import logging
+import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,5 +58,19 @@ def _one_line_traceback() -> None:
 
 
 def _quiet_progress_bars() -> None:
-    """tqdm warns, with a local path, that a kernel without ipywidgets shows no widgets; a cell has no bars to show."""
+    """Keep the executed notebook a record of the measurement, not of the libraries' chatter.
+
+    tqdm warns, with a local path, that a kernel without ipywidgets shows no widgets, and the
+    libraries draw progress bars (loading weights, writing shards) into stderr: a cell has no bars to
+    show. late-interaction-kernels warns, with a local path, when the queries it scores are not unit
+    norm (the offline random weights give such queries; the cell measures memory and time, not
+    scores). Library log lines below errors (a checkpoint folder has no sentence-transformers config,
+    new embeddings are initialised) go too. Nothing here changes what runs or what is measured.
+    """
     warnings.filterwarnings("ignore", message="IProgress not found")
+    warnings.filterwarnings("ignore", message=r"late-interaction-kernels: `maxsim\(")
+    for variable in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
+        os.environ.setdefault(variable, "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name in ("sentence_transformers", "transformers", "peft"):
+        logging.getLogger(name).setLevel(logging.ERROR)

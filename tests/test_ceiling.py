@@ -221,9 +221,10 @@ def test_a_search_runs_its_probes_lazily_and_resumes_from_its_results(tmp_path, 
         "trains all 8 steps for each of the 2 seeds run (peak 65.62 GiB allocated, 72.19 GiB reserved)")
     assert prose.probe_headline(probes, "pylate", "plain", 672, "vanilla", "h100-80gb") == "not probed yet"
     assert prose.binding_reading(data.ceilings(layout.results_dir, grid)) == [
-        "pylate · grad-checkpoint on 80 GB (78.43 GiB): vanilla 672 (the next batch fails in the MaxSim op)."]
+        "pylate · grad-checkpoint on 80 GB (H100 profile, 78.43 GiB on an H200): "
+        "vanilla 672 (the next batch fails in the MaxSim op)."]
     table = tables.ceiling_grid(data.ceilings(layout.results_dir, grid))
-    assert table.loc[("pylate", "grad-checkpoint", "vanilla"), "80 GB (78.43 GiB)"] == "672"
+    assert table.loc[("pylate", "grad-checkpoint", "vanilla"), "80 GB (H100 profile, 78.43 GiB on an H200)"] == "672"
 
 
 def test_probes_are_found_by_the_spec_their_results_embed_not_by_file_name(layout, monkeypatch):
@@ -366,7 +367,7 @@ def test_an_unfinished_search_reads_as_its_bracket():
     assert text.ceiling_text(row) == "256–511 (searching)" and row.settled is None
     assert text.ceiling_text(dataclasses.replace(row, ceiling=Ceiling(fits=256, next_batch=512))) == "≥ 256 (searching)"
     assert text.ceiling_text(dataclasses.replace(row, probes=0)) == "not run"
-    assert text.card_label("native") == "141 GB (whole device)"
+    assert text.card_label("native") == "141 GB (the whole H200)"
 
 
 def test_a_result_run_with_other_settings_is_not_taken_for_a_probe(layout, monkeypatch):
@@ -389,7 +390,8 @@ def test_the_reading_compares_the_fused_ceiling_with_vanillas(tmp_path, layout, 
     run_search(fused, layout)
     (line,) = prose.binding_reading(data.ceilings(layout.results_dir, grid_file(tmp_path / "grid.yaml", vanilla, fused)))
     assert line.startswith(
-        "pylate · grad-checkpoint on 80 GB (78.43 GiB): vanilla 672 (the next batch fails in the MaxSim op); lik 1376")
+        "pylate · grad-checkpoint on 80 GB (H100 profile, 78.43 GiB on an H200): "
+        "vanilla 672 (the next batch fails in the MaxSim op); lik 1376")
     assert line.endswith("the fused kernels train 2.05× vanilla's batch.")
 
 
@@ -402,7 +404,8 @@ def test_the_allocator_reading_sets_each_ceiling_beside_its_fragmentation(tmp_pa
     searches = data.ceilings(layout.results_dir, grid_file(tmp_path / "grid.yaml", default, expandable, alone))
     (line,) = prose.allocator_reading(searches)  # lik ran under one allocator only: no line
     assert line == (
-        "pylate · grad-checkpoint, vanilla on 80 GB (78.43 GiB): 672 with the default allocator, 736 with expandable "
+        "pylate · grad-checkpoint, vanilla on 80 GB (H100 profile, 78.43 GiB on an H200): "
+        "672 with the default allocator, 736 with expandable "
         f"segments (reserved − allocated at the ceiling: {672 * 10 / 1024:.2f} → {736 * 1 / 1024:.2f} GiB).")
     assert prose.ceiling_of(searches, "pylate", "grad-checkpoint", "vanilla", "h100-80gb", "expandable") == "736"
     assert prose.ceiling_of(searches, "pylate", "grad-checkpoint", "lik", "h100-80gb") == "not run"

@@ -108,7 +108,7 @@ def subcommands() -> dict[str, tuple[argparse.ArgumentParser, str]]:
 
 def test_the_help_lists_every_subcommand_and_every_flag_with_a_description(capsys):
     commands = subcommands()
-    assert set(commands) == {"cell", "op", "replay", "sweep", "ceiling", "results", "migrate", "schema"}
+    assert set(commands) == {"cell", "op", "replay", "sweep", "ceiling", "results", "migrate", "schema", "cellbook"}
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--help"])
     assert exit_.value.code == 0

@@ -157,3 +157,32 @@ def test_a_notebook_refuses_a_bad_parameter_before_running_anything(monkeypatch)
         SpecError, match=r"^unknown variant 'flahs' \(did you mean 'flash'\?\); choose one of vanilla, lik, flash\.$"
     ):
         notebook_module.run("pylate", namespace)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_the_notebook_opens_on_its_header_and_every_table_is_one_the_cellbook_renders(name):
+    """The run cell shows ``header(result)`` (spec and outcome, from the result); every other code cell
+    after it ends on a display call that ``harness.cellbook refresh`` renders again from the result file."""
+    from harness.cellbook import display_call
+
+    code = [c for c in cells(name) if c["cell_type"] == "code" and "parameters" not in c["metadata"].get("tags", [])]
+    run, *tables = ["".join(c["source"]) for c in code]
+    assert "notebook.run(" in run and display_call(run) == ("header", ())
+    shown = [display_call(source) for source in tables]
+    assert None not in shown and ("summary", ()) in shown
+
+
+def test_a_notebook_run_keeps_warnings_and_progress_bars_out_of_its_outputs(monkeypatch):
+    import warnings
+
+    for variable in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY"):
+        monkeypatch.delenv(variable, raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        notebook_module._quiet_progress_bars()
+        warnings.warn("IProgress not found. Please update jupyter and ipywidgets.", stacklevel=1)
+        warnings.warn("late-interaction-kernels: `maxsim(..., normalize=False)` but Q's median L2 norm is 0.000", stacklevel=1)
+    assert caught == []
+    import os
+
+    assert os.environ["TQDM_DISABLE"] == "1" and os.environ["TRANSFORMERS_VERBOSITY"] == "error"

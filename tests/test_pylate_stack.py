@@ -146,4 +146,4 @@ def test_the_notebook_runs_one_cell_in_a_fresh_kernel_with_papermill(tmp_path):
     assert result.provenance.notebook_sha256 == provenance.file_sha256(root / "notebooks" / "pylate.ipynb")
     notebook = json.loads(executed.read_text())
     shown = "".join(str(o.get("data", {})) for c in notebook["cells"] for o in c.get("outputs", []))
-    assert "[4, 2, 300, 128]" in shown and "step peak allocated (MiB)" in shown
+    assert "4×2×300×128" in shown and "step peak allocated" in shown

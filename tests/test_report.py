@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.report import data, plots, prose, tables
+from harness.report import data, plots, prose, style, tables, text
 from harness.results import write_result
 from test_book import ROOT, committed_book
 from test_results import make_call, make_result
@@ -76,7 +76,7 @@ def test_tables_read_the_results(tmp_path):
     times = tables.step_time_table(cells)
     assert list(times[times["backend"] == "lik"]["speed vs vanilla"]) == ["1.12×", "1.12×", ""]  # no vanilla at 1024
     ops = tables.op_vram_table(calls)
-    assert ops[(ops["batch"] == 1024) & (ops["backend"] == "vanilla")]["held MiB"].item() == "OOM in replay"
+    assert ops[(ops["batch"] == 1024) & (ops["backend"] == "vanilla")]["held (MiB)"].item() == text.nowrap("OOM in replay")
     comparison = tables.published_comparison(cells, data.published("pylate", "grad-checkpoint"))
     row = comparison[(comparison["batch"] == 1024) & (comparison["backend"] == "vanilla")].iloc[0]
     assert row["published"] == "OOM (asked 56.25 GiB)" and row["ours"] == "OOM (Tried to allocate 56.25 GiB)"
@@ -153,19 +153,22 @@ def test_ceiling_searches_are_read_from_their_probes_as_typed_rows(tmp_path):
     assert (lik.fits, lik.fails, lik.done, lik.ceiling.next_batch, lik.settled) == (16, None, False, 16, None)
     assert vanilla.peak_reserved_gib == pytest.approx(8.59375) and vanilla.usable_gib == 22.96
     assert vanilla.fragmentation_growth_mib == pytest.approx(400.0) and vanilla.fails_where == "maxsim"
-    card = "24 GB (22.96 GiB)"
+    card = "24 GB (RTX4090 profile, 22.96 GiB on an H200)"
     assert tables.ceiling_grid(rows)[card].to_dict() == {("pylate", "grad-checkpoint", "lik"): "≥ 16 (searching)",
                                                         ("pylate", "grad-checkpoint", "vanilla"): "8"}  # fmt: skip
     details = tables.ceiling_details(rows).set_index("backend")
-    assert details.loc["vanilla", "failed request"] == "Tried to allocate 3.52 GiB"
-    assert details.loc["vanilla", "headroom GiB"] == f"{22.96 - 8.59375:.2f}"
-    assert details.loc["vanilla", "next batch failed in"] == "the MaxSim op (B² grid)"
+    assert details.loc["vanilla", "next batch failed"] == "in the op, asked 3.52\u00a0GiB"
+    assert details.loc["vanilla", "headroom (GiB)"] == f"{22.96 - 8.59375:.2f}"
     binding = f"pylate · grad-checkpoint on {card}: vanilla 8 (the next batch fails in the MaxSim op)."
     assert prose.binding_reading(rows) == [binding]
     assert prose.search_plan(rows, "pylate", "grad-checkpoint", "vanilla", "rtx4090-24gb") == "8 steps and 2 seeds"
     assert prose.ceiling_of(rows, "pylate", "grad-checkpoint", "flash", "rtx4090-24gb") == "not searched"
     assert prose.ceiling_gains(rows, "pylate", "grad-checkpoint", "rtx4090-24gb").startswith("How far each choice")
-    assert len(plots.plot_ceiling_bars(rows, "bars").axes[0].patches) == 1  # the finished search only
+    figure = plots.plot_ceiling_bars(rows, "ceilings")  # dots and ranges: the running search shows too
+    ranges = [line for line in figure.axes[0].lines if len(line.get_xdata()) == 2]
+    assert sorted((line.get_color(), line.get_linestyle(), tuple(line.get_ydata())) for line in ranges) == [
+        (style.colour("vanilla"), "-", (8.0, 12.0)), (style.colour("lik"), "--", (16.0, 24.0))]  # lik: no failure yet, an arrow
+    assert not figure.axes[0].patches  # no bars on a log axis
     probes = data.ceiling_probes(tmp_path / "results")
     assert prose.probe_headline(probes, "pylate", "grad-checkpoint", 8, "vanilla", "rtx4090-24gb") == (
         "trains all 8 steps for each of the 2 seeds run (peak 7.81 GiB allocated, 8.59 GiB reserved)")
@@ -241,9 +244,11 @@ def test_op_level_cells_give_a_speed_table_and_a_speedup_plot(tmp_path):
     ops = data.op_level(cells, calls)
     table = tables.op_speed_table(ops)
     assert len(table) == 4 and set(table["speedup vs vanilla"]) == {"", "2.00×"}
-    assert all(table["held + bwd spike MiB"] != "")
+    assert all(table["held + bwd spike (MiB)"] != "")
+    assert list(tables.op_speed_tables(ops)) == ["pylate · inbatch"]
     figure = plots.plot_op_speedup(ops, "op")
     assert len(figure.axes[0].lines) == 2  # the lik speedup line and the 1× reference
+    assert figure.axes[0].lines[0].get_color() == style.colour("lik")
 
 
 def test_a_stack_page_screenshot_shows_its_table_and_plot(tmp_path, tmp_path_factory):
@@ -251,7 +256,7 @@ def test_a_stack_page_screenshot_shows_its_table_and_plot(tmp_path, tmp_path_fac
         if os.environ.get("CI"):
             pytest.fail("CI must have Debian's chromium (see .ci/run)")
         pytest.skip("headless Chromium is not installed (apt-get install chromium)")
-    page = committed_book(tmp_path_factory) / "book" / "pylate-grad-checkpoint.html"
+    page = committed_book(tmp_path_factory) / "pylate-grad-checkpoint.html"
     text = page.read_text()
     assert "per doubling" not in text  # legends live in the PNG, not the HTML
     assert text.count("<img") >= 2 and "Tried to allocate" in text
@@ -273,3 +278,68 @@ def test_a_stack_page_screenshot_shows_its_table_and_plot(tmp_path, tmp_path_fac
     backends = {"C0": (31, 119, 180), "C1": (255, 127, 14), "C2": (44, 160, 44), "C3": (214, 39, 40)}
     shown = {name: int((np.abs(pixels - np.array(rgb)).sum(axis=2) < 60).sum()) for name, rgb in backends.items()}
     assert sum(count >= 250 for count in shown.values()) >= 3, f"plot colours on the page (pixels): {shown}"
+
+
+def test_a_backend_has_one_colour_in_every_figure_whatever_the_order(tmp_path):
+    cells, calls = data.load(fixture_results(tmp_path / "results"))
+    op = plots.plot_op_vram(calls, "op")
+    only_lik = plots.plot_op_vram(calls[calls["backend"] == "lik"], "lik alone")  # lik is drawn first here
+    steps = plots.plot_ceilings(cells, "peaks")
+
+    def colour_of(figure, backend):
+        found = {line.get_color() for line in figure.axes[0].lines if line.get_label().startswith(backend)}
+        found |= {tuple(bar.patches[0].get_facecolor()[:3]) for bar in figure.axes[0].containers if bar.get_label() == backend}
+        return found
+
+    from matplotlib.colors import to_rgb
+
+    assert colour_of(op, "lik") == colour_of(only_lik, "lik") == {style.colour("lik")}
+    assert {to_rgb(c) for c in colour_of(steps, "lik")} == {to_rgb(style.colour("lik"))}
+    assert style.colour("vanilla") != style.colour("lik") != style.colour("flash") != style.colour("vanilla + chunk 64")
+    assert style.look("lik").marker != style.look("flash").marker  # equal points stay visible
+    assert style.short("vanilla + chunk 64") == "chunk 64" and style.in_order(["flash", "vanilla", "lik"])[0] == "vanilla"
+
+
+def test_numbers_never_read_minus_zero_and_cards_are_named_as_measured():
+    assert text.percent(-0.04) == "0%" and text.percent(2.34) == "+2.3%"
+    assert text.signed(-0.001) == "0" and text.sig(41) == "41.0" and text.sig(0.5644) == "0.564"
+    assert text.mib(7195.5) == "7196" and text.mib(1.2558) == "1.26"
+    assert text.card_label("h100-80gb") == "80 GB (H100 profile, 78.43 GiB on an H200)"
+    assert text.card_label("native") == "141 GB (the whole H200)"
+
+
+def test_no_table_built_from_the_committed_results_shows_nan_none_or_minus_zero():
+    results = data.read()
+    cells, calls = data.load(results)
+    searches = data.ceilings(results)
+    built = [tables.ceiling_grid(searches), tables.ceiling_grid(searches, "expandable"), tables.ceiling_details(searches),
+             *tables.ceiling_details_by_stack(searches).values(),
+             tables.op_speed_table(data.op_level(cells, calls)), *tables.op_speed_tables(data.op_level(cells, calls)).values()]
+    for stack, regime in (("colpali", "plain"), ("pylate", "grad-checkpoint"), ("pylate", "plain")):
+        mine, replays = data.select(cells, stack, regime), data.select(calls, stack, regime)
+        for _card, group in mine.groupby("card"):
+            built += [tables.ceiling_table(group), tables.fragmentation_table(group), tables.step_time_table(group)]
+        for _card, group in replays.groupby("card"):
+            built.append(tables.op_vram_table(group))
+        built.append(tables.published_comparison(mine, data.published(stack, regime)))
+    assert len(built) > 10
+    for table in built:
+        shown = [str(v) for v in table.to_numpy().ravel()] + [str(c) for c in table.columns]
+        assert not [v for v in shown if v in ("nan", "NaN", "None", "<NA>") or "-0.0" in v or v.startswith("-0%")], table
+
+
+def test_the_colqwen2_op_table_says_why_two_rows_of_one_batch_predict_different_memory():
+    _, calls = data.load()
+    sentence = prose.prediction_shapes(data.select(calls, "colpali", "plain"))
+    assert sentence.startswith("**Why two rows of one batch predict different vanilla memory.**")
+    assert "at B=128 on 80 GB: vanilla's cell 1 call, the largest 52 × 771 tokens" in sentence
+
+
+def test_the_ceilings_figure_shows_every_search_that_ran_finished_or_not():
+    searches = [row for row in data.ceilings(data.read()) if row.stack == "colpali" and row.allocator == "default"]
+    running = [row for row in searches if not row.done and (row.fits or row.fails)]
+    assert running, "the committed results have a running colpali search"
+    figure = plots.plot_ceiling_bars(searches, "colpali")
+    ranges = [line for line in figure.axes[0].lines if len(line.get_xdata()) == 2]
+    assert len(ranges) == len([row for row in searches if row.fits or row.fails])
+    assert sum(line.get_linestyle() == "--" for line in ranges) == len(running)

@@ -7,8 +7,11 @@ from collections.abc import Callable
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
+from pandas.io.formats.style_render import CSSDict
 
 from harness.spec import CARDS
+
+PADDED: list[CSSDict] = [{"selector": "td, th", "props": "padding: 0.25em 0.7em;"}]  # columns never run into each other
 
 
 def show(item: pd.DataFrame | Figure) -> None:
@@ -17,7 +20,8 @@ def show(item: pd.DataFrame | Figure) -> None:
 
     if isinstance(item, pd.DataFrame):
         with pd.option_context("display.max_colwidth", None):
-            display(item.style.hide(axis="index") if item.index.name is None and item.index.nlevels == 1 else item)
+            plain = item.index.name is None and item.index.nlevels == 1
+            display(item.style.hide(axis="index").set_table_styles(PADDED) if plain else item)
         return
     display(item)
     plt.close(item)

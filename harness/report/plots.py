@@ -12,9 +12,13 @@ from typing import Any, cast
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
 
-from harness.report.data import GIB_PER_MIB, SearchRow, finished
+from harness.report import style
+from harness.report.data import GIB_PER_MIB, SearchRow
 from harness.report.text import card_label, cards_in_order, missing
 from harness.spec import CARDS
 
@@ -26,9 +30,13 @@ def doubling_factors(batches: np.ndarray, values: np.ndarray) -> float:
 
 
 def plot_op_vram(calls: pd.DataFrame, title: str) -> Figure:
-    """Log-log op memory (held + backward spike) vs batch per backend, each with its measured factor."""
-    figure, axis = plt.subplots(figsize=(7, 4.2))
-    for backend, group in calls[~calls["oom_in_replay"]].groupby("backend"):
+    """Log-log op memory (held + backward spike) vs batch per backend, each with its measured factor.
+    Each backend has its fixed colour and marker and a small sideways offset, so equal points all show."""
+    figure, axis = plt.subplots(figsize=(8.4, 4.2))
+    ok = calls[~calls["oom_in_replay"]]
+    backends = style.in_order(ok["backend"].unique())
+    for k, backend in enumerate(backends):
+        group = ok[ok["backend"] == backend]
         per_batch = group.groupby("batch_size")[["saved_for_backward_mib", "backward_transient_peak_mib"]].max()
         total = per_batch.sum(axis=1).sort_index()
         if total.empty:
@@ -36,24 +44,39 @@ def plot_op_vram(calls: pd.DataFrame, title: str) -> Figure:
         label = str(backend)
         if len(total) >= 2:
             label += f" (×{doubling_factors(total.index.to_numpy(float), total.to_numpy(float)):.1f} per doubling)"
-        axis.plot(total.index.to_numpy(), total.to_numpy(), marker="o", label=label)
+        shift = 2 ** (0.04 * (k - (len(backends) - 1) / 2))  # a few per cent sideways on the log axis
+        look = style.look(str(backend))
+        axis.plot(total.index.to_numpy() * shift, total.to_numpy(), marker=look.marker, markersize=look.size,
+                  color=look.colour, label=label, zorder=3 + k)  # fmt: skip
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
+    _batch_ticks(axis, ok["batch_size"].unique())
     axis.set_xlabel("batch size")
-    axis.set_ylabel("MaxSim op memory, held + backward spike (MiB)")
+    axis.set_ylabel("op memory: held + backward spike (MiB)")
     axis.set_title(title)
     axis.grid(True, which="both", alpha=0.3)
-    axis.legend()
+    style.ticks(axis)
+    style.legend(axis)
     figure.tight_layout()
     return figure
 
 
+def _batch_ticks(axis: Axes, batches: Iterable[int]) -> None:
+    """Ticks at the measured batches only (at most 8, evenly thinned), as plain numbers."""
+    shown = sorted({int(b) for b in batches})
+    if not shown:
+        return
+    step = -(-len(shown) // 8)
+    axis.set_xticks(shown[::step], [str(b) for b in shown[::step]])
+    axis.minorticks_off()
+
+
 def plot_ceilings(cells: pd.DataFrame, title: str) -> Figure:
     """Step peak allocated per batch and backend; OOM cells hatched at their pre-OOM peak."""
-    figure, axis = plt.subplots(figsize=(7, 4.2))
+    figure, axis = plt.subplots(figsize=(8.4, 4.2))
     done = cells[cells["outcome"].isin(["ok", "oom"])]
     batches = sorted(done["batch_size"].unique())
-    backends = sorted(done["backend"].unique())
+    backends = style.in_order(done["backend"].unique())
     width = 0.8 / max(len(backends), 1)
     for i, backend in enumerate(backends):
         labelled = False
@@ -63,18 +86,19 @@ def plot_ceilings(cells: pd.DataFrame, title: str) -> Figure:
                 continue
             row = row.iloc[0]
             oom = row["outcome"] == "oom"
-            axis.bar(j + i * width, row["step_peak_alloc_mib"] * GIB_PER_MIB, width, color=f"C{i}",
+            axis.bar(j + i * width, row["step_peak_alloc_mib"] * GIB_PER_MIB, width, color=style.colour(backend),
                      hatch="//" if oom else None, edgecolor="black" if oom else None, alpha=0.6 if oom else 1.0,
                      label=None if labelled else backend)  # fmt: skip
             labelled = True
     for cap in _caps(done["card"].unique()):
         axis.axhline(cap, color="grey", linestyle="--", linewidth=1)
-        axis.text(len(batches) - 0.5, cap, f"card: {cap} GiB", va="bottom", ha="right", fontsize=8)
+        axis.text(len(batches) - 0.3, cap, f"usable: {cap} GiB", va="bottom", ha="right", fontsize=9)
     axis.set_xticks([j + width * (len(backends) - 1) / 2 for j in range(len(batches))], [str(b) for b in batches])
     axis.set_xlabel("batch size (hatched: out of memory, bar at the pre-OOM peak)")
     axis.set_ylabel("step peak allocated (GiB)")
     axis.set_title(title)
-    axis.legend()
+    style.ticks(axis)
+    style.legend(axis)
     figure.tight_layout()
     return figure
 
@@ -92,8 +116,9 @@ def plot_probe_peaks(probes: pd.DataFrame, title: str) -> Figure:
     done = probes[probes["outcome"].isin(["ok", "oom"])]
     allocators = [name for name in ("default", "expandable") if (done["allocator"] == name).any()]
     panels = max(len(allocators), 1)
-    figure, axes = plt.subplots(1, panels, figsize=(6.2 * panels, 4.6), sharex=True, sharey=True, squeeze=False)
-    backends = sorted(done["backend"].unique())
+    figure, axes = plt.subplots(1, panels, figsize=(8.4 if panels > 1 else 6.2, 4.8), sharex=True, sharey=True,
+                                squeeze=False)  # fmt: skip
+    backends = style.in_order(done["backend"].unique())
     spread = 0.012 * (done["batch_size"].max() if not done.empty else 1)
     for axis, allocator_name in zip(axes[0], allocators, strict=False):
         mine = done[done["allocator"] == allocator_name]
@@ -105,76 +130,121 @@ def plot_probe_peaks(probes: pd.DataFrame, title: str) -> Figure:
         axis.set_title(f"{allocator_name} allocator")
         axis.set_xlabel("batch size")
         axis.grid(True, alpha=0.3)
+        style.ticks(axis)
     axes[0][0].set_ylabel("step peak (GiB)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8, frameon=False)
+    handles = [Line2D([], [], color=style.colour(b), marker=style.look(b).marker, linestyle="none", label=b) for b in backends]
+    handles += [
+        Line2D([], [], color="black", marker="o", linestyle="none", label="allocated (filled)"),
+        Line2D([], [], color="black", marker="o", markerfacecolor="white", linestyle="none", label="reserved (open)"),
+        Line2D([], [], color="black", marker="x", linestyle="none", label="out of memory: reserved before it"),
+    ]
+    handles += [line for line in axes[0][0].get_lines() if line.get_label().startswith("usable")]  # fmt: skip
+    columns = 4
+    figure.legend(handles=handles, loc="lower center", ncol=columns, fontsize=style.LEGEND_PT, frameon=False)
     figure.suptitle(title)
-    figure.tight_layout(rect=(0, 0.06 * (1 + len(labels) // 4), 1, 1))
+    legend_rows = -(-len(handles) // columns)
+    figure.tight_layout(rect=(0, (0.1 + 0.2 * legend_rows) / 4.8, 1, 1))  # the legend's rows, ~0.2 in each
     return figure
 
 
 def _probe_markers(axis: plt.Axes, rows: pd.DataFrame, backend: str, index: int, shift: float) -> None:
     """One backend's probes on one panel: allocated (filled), reserved (open), out of memory (×)."""
-    markers = ["o", "s", "^", "D"]
     ok, oom = rows[rows["outcome"] == "ok"], rows[rows["outcome"] == "oom"]
-    colour, marker = f"C{index}", markers[index % len(markers)]
-    axis.scatter(ok["batch_size"] + shift, ok["step_peak_alloc_mib"] * GIB_PER_MIB, color=colour, marker=marker,
-                 label=f"{backend}: allocated")  # fmt: skip
+    colour, marker = style.colour(backend), style.look(backend).marker
+    axis.scatter(ok["batch_size"] + shift, ok["step_peak_alloc_mib"] * GIB_PER_MIB, color=colour, marker=marker)
     axis.scatter(ok["batch_size"] + shift, ok["step_peak_reserved_mib"] * GIB_PER_MIB, facecolors="none",
-                 edgecolors=colour, marker=marker, label=f"{backend}: reserved")  # fmt: skip
-    axis.scatter(oom["batch_size"] + shift, oom["pre_oom_reserved_mib"] * GIB_PER_MIB, color=colour, marker="x",
-                 label=f"{backend}: out of memory (reserved before it)")  # fmt: skip
+                 edgecolors=colour, marker=marker)  # fmt: skip
+    axis.scatter(oom["batch_size"] + shift, oom["pre_oom_reserved_mib"] * GIB_PER_MIB, color=colour, marker="x")
 
 
 def plot_ceiling_bars(searches: Sequence[SearchRow], title: str) -> Figure:
-    """Ceiling per card and backend (default allocator); a whisker up to the first batch that failed."""
-    figure, axis = plt.subplots(figsize=(7, 4.2))
-    if not searches:
+    """Ceiling per card and backend (default allocator) on a log₂ axis, as dots and ranges, never bars:
+    a finished search is a filled dot at the largest batch that trained with a line up to the first
+    batch that failed; a search still under way is an open dot with a dashed line over the range it
+    has not settled yet (up to the smallest batch that failed, or an arrow where none failed yet)."""
+    figure, axis = plt.subplots(figsize=(9.6, 4.6))
+    shown = [row for row in searches if row.allocator == "default" and (row.fits or row.fails)]
+    if not shown:
         return figure
-    done = finished(searches, "default")
-    cards = cards_in_order(row.card for row in done)
-    backends = sorted({row.backend for row in done})
-    width = 0.8 / max(len(backends), 1)
+    cards = cards_in_order(row.card for row in shown)
+    backends = style.in_order({row.backend for row in shown})
+    width = 0.7 / max(len(backends), 1)
     for i, backend in enumerate(backends):
-        mine = {row.card: row for row in done if row.backend == backend}
-        shown = [(k, mine[card]) for k, card in enumerate(cards) if card in mine]
-        above = [0 if row.fails is None else row.fails - row.fits for _, row in shown]
-        axis.bar([k + i * width for k, _ in shown], [row.fits for _, row in shown], width, label=backend,
-                 yerr=[[0] * len(above), above], capsize=3)  # fmt: skip
-    axis.set_xticks([k + width * (len(backends) - 1) / 2 for k in range(len(cards))], [card_label(c) for c in cards])
+        look = style.look(backend)
+        for k, card in enumerate(cards):
+            row = next((r for r in shown if r.backend == backend and r.card == card), None)
+            if row is None:
+                continue
+            x = k + (i - (len(backends) - 1) / 2) * width
+            low = float(row.fits or (row.fails or 2) / 2)  # no batch fitted yet: the range starts below the failure
+            high = float(row.fails or 1.5 * low)  # none failed yet: an arrow up from the largest that fitted
+            axis.plot([x, x], [low, high], color=look.colour, linestyle="-" if row.done else "--", linewidth=1.6)
+            if row.fails is not None:  # a bar across the range's top: the first batch that failed
+                axis.plot([x], [row.fails], marker="_", markersize=10, markeredgewidth=1.6, color=look.colour)
+            if row.fails is None:
+                axis.annotate("", (x, high), (x, high / 1.1), arrowprops={"arrowstyle": "->", "color": look.colour})
+            if row.fits:
+                axis.plot([x], [row.fits], marker=look.marker, markersize=look.size + 1, color=look.colour,
+                          markerfacecolor=look.colour if row.done else "white", linestyle="none")  # fmt: skip
+        axis.plot([], [], marker=look.marker, markersize=look.size + 1, color=look.colour, linestyle="none", label=backend)
+    axis.plot([], [], color="black", marker="o", linestyle="-", label="search finished")
+    axis.plot([], [], color="black", marker="o", markerfacecolor="white", linestyle="--", label="search still running")
+    axis.set_xticks(range(len(cards)), [card_label(c, lines=True) for c in cards])
+    axis.set_xlim(-0.6, len(cards) - 0.4)
     axis.set_yscale("log", base=2)
+    lowest = min(float(row.fits or (row.fails or 2) / 2) for row in shown)
+    axis.set_ylim(bottom=lowest / 1.25)
+    axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_ylabel("largest batch that trains (log₂)")
     axis.set_title(title)
     axis.grid(True, axis="y", alpha=0.3)
-    if backends:
-        axis.legend()
+    style.ticks(axis)
+    style.legend(axis)
     figure.tight_layout()
     return figure
 
 
 def plot_op_speedup(ops: pd.DataFrame, title: str) -> Figure:
-    """Fused speedup over vanilla vs batch size, one line per head × negatives × backend."""
-    figure, axis = plt.subplots(figsize=(7, 4.2))
+    """Fused speedup over vanilla vs batch size: one panel per head, a line per backend × negatives
+    (the backend's colour, a line style per number of negatives)."""
     done = ops[ops["outcome"] == "ok"]
-    for key, group in done.groupby(["stack", "regime", "negatives", "variant"], dropna=False):
-        stack, head, negatives, variant = cast(tuple[str, str, Any, str], key)
-        if variant == "vanilla":
-            continue
-        vanilla = done[(done["stack"] == stack) & (done["regime"] == head) & (done["variant"] == "vanilla")
-                       & (done["negatives"].fillna(-1) == (-1 if pd.isna(negatives) else negatives))]  # fmt: skip
-        joined = group.merge(vanilla[["batch_size", "steady_step_time_sec"]], on="batch_size", suffixes=("", "_vanilla"))
-        if joined.empty:
-            continue
-        joined = joined.sort_values("batch_size")
-        label = f"{stack.removeprefix('op-')} {head}" + ("" if pd.isna(negatives) else f" N={int(negatives)}") + f" · {variant}"
-        speedup = joined["steady_step_time_sec_vanilla"] / joined["steady_step_time_sec"]
-        axis.plot(joined["batch_size"], speedup, marker="o", label=label)
-    axis.axhline(1.0, color="grey", linewidth=0.8)
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("batch size")
-    axis.set_ylabel("speedup over vanilla (forward + backward)")
-    axis.set_title(title)
-    if axis.lines[1:]:
-        axis.legend(fontsize=7)
+    heads = list(dict.fromkeys(zip(done["stack"], done["regime"], strict=True)))
+    columns = min(len(heads), 2) or 1
+    rows = -(-len(heads) // columns) or 1
+    figure, axes = plt.subplots(rows, columns, figsize=(4.1 * columns, 3.1 * rows), squeeze=False, sharey=True)
+    dashes = ["-", "--", ":", "-."]
+    negatives_seen = sorted({int(n) for n in done["negatives"].dropna()})
+    for axis, (stack, head) in zip(axes.flat, heads, strict=False):
+        mine = done[(done["stack"] == stack) & (done["regime"] == head)]
+        for key, group in mine.groupby(["negatives", "variant"], dropna=False):
+            negatives, variant = cast(tuple[Any, str], key)
+            if variant == "vanilla":
+                continue
+            same = mine["negatives"].fillna(-1) == (-1 if pd.isna(negatives) else negatives)
+            vanilla = mine[same & (mine["variant"] == "vanilla")]
+            joined = group.merge(vanilla[["batch_size", "steady_step_time_sec"]], on="batch_size", suffixes=("", "_vanilla"))
+            if joined.empty:
+                continue
+            joined = joined.sort_values("batch_size")
+            look = style.look(variant)
+            line = "-" if pd.isna(negatives) else dashes[negatives_seen.index(int(negatives)) % len(dashes)]
+            label = variant + ("" if pd.isna(negatives) else f", N={int(negatives)}")
+            speedup = joined["steady_step_time_sec_vanilla"] / joined["steady_step_time_sec"]
+            axis.plot(joined["batch_size"], speedup, marker=look.marker, markersize=look.size - 1, color=look.colour,
+                      linestyle=line, label=label)  # fmt: skip
+        axis.axhline(1.0, color="grey", linewidth=0.8)
+        axis.set_xscale("log", base=2)
+        _batch_ticks(axis, mine["batch_size"].unique())
+        axis.set_title(f"{stack.removeprefix('op-')} · {head}", fontsize=10)
+        axis.set_xlabel("batch size")
+        axis.grid(True, alpha=0.3)
+        style.ticks(axis)
+        if len(axis.get_legend_handles_labels()[1]) > 0:
+            axis.legend(fontsize=style.LEGEND_PT, frameon=False, loc="upper left")  # speedups grow with the batch
+    for axis in axes.flat[len(heads) :]:
+        axis.set_visible(False)
+    for axis in axes[:, 0]:
+        axis.set_ylabel("speedup over vanilla (×)")
+    figure.suptitle(title)
     figure.tight_layout()
     return figure

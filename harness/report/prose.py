@@ -6,8 +6,10 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from harness.report import style
 from harness.report.data import GIB_PER_MIB, SearchRow, SharedCheck, find_search, finished, group_by, matching, probes_of
-from harness.report.text import card_label, ceiling_text, cell_words, failed_request, missing
+from harness.report.tables import call_tokens, largest_call
+from harness.report.text import card_label, card_short, ceiling_text, cell_words, failed_request, missing
 from harness.results import Skipped
 
 # ---- measured cells ------------------------------------------------------------------------------
@@ -233,3 +235,42 @@ def skipped_reading(skipped: Sequence[Skipped]) -> str:
     count = f"{len(skipped)} file{'s' if len(skipped) > 1 else ''}"
     return (f"**Files not read.** {count} under the results folder could not be used and "
             f"{'are' if len(skipped) > 1 else 'is'} left out of every page:")
+
+
+# ---- op replays ----------------------------------------------------------------------------------
+
+
+def prediction_shapes(calls: pd.DataFrame) -> str:
+    """Which recorded call each row of the op-memory table shows and why the predicted vanilla memory
+    of two backends at one batch can differ: every row is the largest call (most query × page tokens)
+    its own cell recorded, and a cell that stopped early recorded fewer calls. Names the batches and
+    cards where the backends' calls differ, with each call's tokens and how many calls each cell recorded."""
+    if calls.empty:
+        return ""
+    found: dict[tuple[int, tuple[tuple[str, str, float, int], ...]], list[str]] = {}
+    same = 0
+    whole = calls[[style.chunk_size(str(b)) is None for b in calls["backend"]]]  # a chunked backend has its own grid
+    for (batch, card), group in whole.reset_index(drop=True).groupby(["batch_size", "card"], sort=True):
+        shapes: list[tuple[str, str, float, int]] = []
+        for backend in style.in_order(group["backend"].unique()):
+            call = largest_call(group[group["backend"] == backend])
+            shapes.append((str(backend), call_tokens(call), float(call["predicted_saved_for_backward_mib"]),
+                           int((group["backend"] == backend).sum())))  # fmt: skip
+        if len({round(mib, 1) for _, _, mib, _ in shapes}) > 1:
+            found.setdefault((int(str(batch)), (*shapes,)), []).append(card_short(str(card)))
+        elif len(shapes) > 1:
+            same += 1
+    if not found:
+        return "" if not same else ("At every batch the backends' cells recorded calls of the same shapes, so each "
+                                    "batch's rows show the same call and the same predicted vanilla memory.")  # fmt: skip
+    parts = []
+    for (batch, recorded), cards in found.items():
+        cells = ", ".join(f"{backend}'s cell {count} call{'s' if count > 1 else ''}, the largest {tokens} tokens "
+                          f"({mib:.1f} MiB predicted)" for backend, tokens, mib, count in recorded)  # fmt: skip
+        parts.append(f"at B={batch} on {' and '.join(cards)}: {cells}")
+    return ("**Why two rows of one batch predict different vanilla memory.** Each row shows the largest call "
+            "(most query × page tokens) its own cell recorded, and the grid grows with the batch's longest query "
+            "and page; the synthetic lengths a step draws differ from step to step, so a cell that recorded "
+            "fewer steps (e.g. one that ran out of memory) may not have met the longest draw. Calls recorded, "
+            + "; ".join(parts) + f". At the other {same} batch and card pairs every backend's largest call has "
+            "the same shape, and the rows agree.")  # fmt: skip

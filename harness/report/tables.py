@@ -8,39 +8,72 @@ from typing import Any, cast
 
 import pandas as pd
 
+from harness.report import style
 from harness.report.data import GIB_PER_MIB, SearchRow, SharedCheck, backend_label
-from harness.report.text import card_label, cards_in_order, ceiling_text, cell_words, failed_request, missing, number
+from harness.report.text import (
+    card_label,
+    card_short,
+    cards_in_order,
+    ceiling_text,
+    cell_words,
+    failed_request,
+    mib,
+    missing,
+    nowrap,
+    number,
+    percent,
+    sig,
+    signed,
+)
 from harness.results import Skipped
 
 # ---- a stack page's cells ------------------------------------------------------------------------
 
 
 def op_vram_table(calls: pd.DataFrame) -> pd.DataFrame:
-    """Isolated-replay op memory per batch size and backend (largest recorded shape of each cell).
+    """Isolated-replay op memory per batch size and backend: each cell's recorded call of the largest shape.
 
-    ``total`` is held + backward spike: the op's own footprint at its backward peak.
+    ``total`` is held + backward spike: the op's own footprint at its backward peak. The shape column
+    names the query and document tokens of that call, which the vanilla prediction follows.
     """
     if calls.empty:
         return pd.DataFrame()
     rows = []
-    for (batch, backend), group in calls.groupby(["batch_size", "backend"]):
+    for (batch, backend), group in calls.reset_index(drop=True).groupby(["batch_size", "backend"]):
         ok = group[~group["oom_in_replay"]]
+        gap = "vanilla − prediction, held / fwd (MiB)"
         if ok.empty:
-            rows.append({"batch": batch, "backend": backend, "held MiB": "OOM in replay",
-                         "backward spike MiB": "", "forward transient MiB": "", "total MiB": "",
-                         "predicted vanilla held MiB": f"{group['predicted_saved_for_backward_mib'].max():.1f}"})  # fmt: skip
+            call = largest_call(group)
+            rows.append({"batch": batch, "backend": nowrap(str(backend)), "tokens, query × doc": nowrap(call_tokens(call)),
+                         "held (MiB)": nowrap("OOM in replay"), "backward spike (MiB)": "", "forward transient (MiB)": "",
+                         "total (MiB)": "", "predicted vanilla held (MiB)": mib(call["predicted_saved_for_backward_mib"]),
+                         gap: ""})  # fmt: skip
             continue
-        call = cast(pd.Series, ok.loc[cast(int, ok["saved_for_backward_mib"].idxmax())])
+        call = largest_call(ok)
         rows.append({
-            "batch": batch, "backend": backend,
-            "held MiB": f"{call['saved_for_backward_mib']:.1f}",
-            "backward spike MiB": f"{call['backward_transient_peak_mib']:.1f}",
-            "forward transient MiB": f"{call['forward_transient_peak_mib']:.1f}",
-            "total MiB": f"{call['saved_for_backward_mib'] + call['backward_transient_peak_mib']:.1f}",
-            "predicted vanilla held MiB": f"{call['predicted_saved_for_backward_mib']:.1f}",
-            "vanilla − prediction (held / fwd MiB)": _prediction_gap(call) if backend == "vanilla" else "",
+            "batch": batch, "backend": nowrap(str(backend)), "tokens, query × doc": nowrap(call_tokens(call)),
+            "held (MiB)": mib(call["saved_for_backward_mib"]),
+            "backward spike (MiB)": mib(call["backward_transient_peak_mib"]),
+            "forward transient (MiB)": mib(call["forward_transient_peak_mib"]),
+            "total (MiB)": mib(call["saved_for_backward_mib"] + call["backward_transient_peak_mib"]),
+            "predicted vanilla held (MiB)": mib(call["predicted_saved_for_backward_mib"]),
+            gap: _prediction_gap(call) if backend == "vanilla" else "",
         })  # fmt: skip
-    return pd.DataFrame(rows)
+    rank = {nowrap(backend): k for k, backend in enumerate(style.in_order(calls["backend"]))}
+    return pd.DataFrame(rows).sort_values(["batch", "backend"], key=lambda c: c.map(rank) if c.name == "backend" else c,
+                                          kind="stable", ignore_index=True)  # fmt: skip
+
+
+def largest_call(calls: pd.DataFrame) -> pd.Series:
+    """The recorded call of the largest shape (the most vanilla grid bytes) among ``calls``; the first of equals."""
+    return calls.iloc[int(calls["predicted_saved_for_backward_mib"].to_numpy().argmax())]
+
+
+def call_tokens(call: pd.Series) -> str:
+    """A recorded call's tokens per query and per document: '44 × 770', '48 × 2·300' (PyLate: 2 documents of 300)."""
+    query, doc = list(call["query_shape"]), list(call["doc_shape"])
+    documents = "·".join(str(n) for n in doc[1:-1])
+    return f"{query[1]} × {documents}"
 
 
 def _prediction_gap(call: pd.Series) -> str:
@@ -48,7 +81,7 @@ def _prediction_gap(call: pd.Series) -> str:
     may add up to 1 MiB per large block it does not split (allocations round up to 2 MiB segments)."""
     held = call["saved_for_backward_mib"] - call["predicted_saved_for_backward_mib"]
     forward = call["forward_transient_peak_mib"] - call["predicted_forward_transient_mib"]
-    return f"{held:+.2f} / {forward:+.2f}"
+    return nowrap(f"{signed(held)} / {signed(forward)}")
 
 
 def _by_batch_and_backend(cells: pd.DataFrame, describe: Callable[[pd.Series], str]) -> pd.DataFrame:
@@ -56,6 +89,7 @@ def _by_batch_and_backend(cells: pd.DataFrame, describe: Callable[[pd.Series], s
     table = cells.assign(cell=cells.apply(describe, axis=1)).pivot_table(
         index="batch_size", columns="backend", values="cell", aggfunc="first"
     )
+    table = table[style.in_order(table.columns)].rename(columns=lambda backend: nowrap(str(backend)))
     return table.rename_axis(index="batch", columns=None).fillna("")
 
 
@@ -101,11 +135,12 @@ def step_time_table(cells: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     vanilla = ok[ok["backend"] == "vanilla"].set_index("batch_size")["steady_step_time_sec"]
     rows = []
-    for _, row in ok.sort_values(["batch_size", "backend"]).iterrows():
+    rank = {backend: k for k, backend in enumerate(style.in_order(ok["backend"]))}
+    for _, row in ok.sort_values(["batch_size", "backend"], key=lambda c: c.map(rank) if c.name == "backend" else c).iterrows():
         base = vanilla.get(row["batch_size"])
         rows.append({
-            "batch": row["batch_size"], "backend": row["backend"],
-            "s / step": number(row["steady_step_time_sec"], ".3f"), "samples / s": number(row["samples_per_sec"], ".1f"),
+            "batch": row["batch_size"], "backend": nowrap(row["backend"]),
+            "step (s)": sig(row["steady_step_time_sec"]), "samples / s": sig(row["samples_per_sec"]),
             "speed vs vanilla": "" if missing(base) or missing(row["steady_step_time_sec"])
             else f"{base / row['steady_step_time_sec']:.2f}×",
             "steady steps (range, s)": _steady_range(row),
@@ -129,7 +164,7 @@ def published_comparison(cells: pd.DataFrame, published: pd.DataFrame) -> pd.Dat
                      & (cells["card"] == ref["card"])] if not cells.empty else cells  # fmt: skip
         mine = ours.iloc[0] if len(ours) else None
         rows.append({
-            "batch": ref["batch_size"], "backend": backend,
+            "batch": ref["batch_size"], "backend": nowrap(backend),
             "published": _published_text(ref),
             "ours": "not run" if mine is None else cell_words(mine),
             "Δ step peak": _peak_difference(ref, mine),
@@ -142,7 +177,7 @@ def _peak_difference(ref: pd.Series, mine: pd.Series | None) -> str:
     if mine is None or mine["outcome"] != "ok" or ref["outcome"] != "ok" or pd.isna(ref["step_peak_alloc_gib"]):
         return "—"
     ours = mine["step_peak_alloc_mib"] * GIB_PER_MIB
-    return f"{100 * (ours - ref['step_peak_alloc_gib']) / ref['step_peak_alloc_gib']:+.1f}%"
+    return percent(100 * (ours - ref["step_peak_alloc_gib"]) / ref["step_peak_alloc_gib"])
 
 
 def _published_text(ref: pd.Series) -> str:
@@ -165,25 +200,41 @@ def op_speed_table(ops: pd.DataFrame) -> pd.DataFrame:
     for key, group in ops.groupby(["stack", "regime", "batch_size", "negatives"], dropna=False):
         stack, head, batch, negatives = cast(tuple[str, str, int, Any], key)
         by_variant = group.set_index("variant")
-        base = by_variant["steady_step_time_sec"].get("vanilla")
-        for variant, row in by_variant.iterrows():
+        base = cast(float, by_variant["steady_step_time_sec"].get("vanilla"))
+        for variant in style.in_order(by_variant.index):
+            row = cast(pd.Series, by_variant.loc[variant])
             oom = row["outcome"] == "oom"
             rows.append({
-                "head": f"{stack.removeprefix('op-')} {head}", "batch": batch,
+                "head": f"{stack.removeprefix('op-')} · {head}", "batch": batch,
                 "negatives": "" if pd.isna(negatives) else int(negatives), "backend": variant,
-                "ms (median)": "OOM" if oom else number(1000 * row["steady_step_time_sec"], ".2f"),
-                "p10–p90 ms": "" if oom else _spread_ms(row),
+                "median (ms)": "OOM" if oom else sig(1000 * row["steady_step_time_sec"]),
+                "p10–p90 (ms)": "" if oom else _spread_ms(row),
                 "speedup vs vanilla": "" if oom or missing(base) or variant == "vanilla"
                 else f"{base / row['steady_step_time_sec']:.2f}×",
-                "held + bwd spike MiB": "" if missing(row.get("total_mib")) else f"{row['total_mib']:.1f}",
+                "held + bwd spike (MiB)": "" if missing(row.get("total_mib")) else mib(row["total_mib"]),
             })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def op_speed_tables(ops: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """:func:`op_speed_table` split by head (one table each, without the head column; without the
+    negatives column for a head that has none)."""
+    table = op_speed_table(ops)
+    if table.empty:
+        return {}
+    split = {}
+    for head, group in table.groupby("head", sort=False):
+        group = group.drop(columns="head")
+        if (group["negatives"] == "").all():
+            group = group.drop(columns="negatives")
+        split[str(head)] = group.reset_index(drop=True)
+    return split
 
 
 def _spread_ms(row: pd.Series) -> str:
     if missing(row["steady_step_p10_sec"]):
         return ""
-    return f"{1000 * row['steady_step_p10_sec']:.2f}–{1000 * row['steady_step_p90_sec']:.2f}"
+    return f"{sig(1000 * row['steady_step_p10_sec'])}–{sig(1000 * row['steady_step_p90_sec'])}"
 
 
 # ---- ceilings ------------------------------------------------------------------------------------
@@ -203,21 +254,38 @@ def ceiling_grid(searches: Sequence[SearchRow], allocator: str = "default") -> p
 
 def ceiling_details(searches: Sequence[SearchRow]) -> pd.DataFrame:
     """Per search that ran: the ceiling, the headroom left at it, its fragmentation, and what failed above it."""
-    binds = {"maxsim": "the MaxSim op (B² grid)", "elsewhere": "outside the op (encoder, optimizer)"}
+    binds = {"maxsim": "in the op", "elsewhere": "outside the op"}
     rows = []
     for row in (row for row in searches if row.probes > 0):
-        peaks = "" if row.peak_alloc_gib is None else f"{row.peak_alloc_gib:.2f} / {row.peak_reserved_gib:.2f}"
+        peaks = "" if row.peak_alloc_gib is None else f"{row.peak_alloc_gib:.1f} / {row.peak_reserved_gib:.1f}"
+        failed = binds.get(row.fails_where or "", "")
+        if row.fails_message is not None:
+            asked = nowrap(_asked(row.fails_message)).replace("asked\u00a0", "asked ")  # its size on one line, the rest wraps
+            failed += f", {asked}" if failed else asked
+        growth = "" if missing(row.fragmentation_growth_mib) else f" ({signed(float(row.fragmentation_growth_mib or 0), '+.0f')})"
         rows.append({
-            "stack · regime": f"{row.stack} · {row.regime}", "backend": row.backend, "card": row.card,
-            "allocator": row.allocator, "ceiling": ceiling_text(row), "peak alloc / reserved GiB": peaks,
-            "headroom GiB": number(row.headroom_gib, ".2f"),
-            "reserved − alloc GiB": number(row.fragmentation_gib, ".2f"),
-            "its growth over steps MiB": number(row.fragmentation_growth_mib, "+.0f"),
-            "next batch failed in": binds.get(row.fails_where or "", ""),
-            "failed request": "" if row.fails_message is None else failed_request(row.fails_message),
-            "probes": row.probes,
+            "stack · regime": f"{row.stack} · {row.regime}", "backend": row.backend,
+            "card · allocator": f"{card_short(row.card)} · {row.allocator}", "ceiling": ceiling_text(row),
+            "peak alloc / reserved (GiB)": peaks, "headroom (GiB)": number(row.headroom_gib, ".2f"),
+            "reserved − alloc (GiB), growth over steps (MiB)": number(row.fragmentation_gib, ".2f") + growth,
+            "next batch failed": failed,
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def ceiling_details_by_stack(searches: Sequence[SearchRow]) -> dict[str, pd.DataFrame]:
+    """:func:`ceiling_details` as one table per stack · regime (a narrower table, without that column)."""
+    table = ceiling_details(searches)
+    if table.empty:
+        return {}
+    return {str(key): group.drop(columns="stack · regime").reset_index(drop=True)
+            for key, group in table.groupby("stack · regime", sort=False)}  # fmt: skip
+
+
+def _asked(message: str) -> str:
+    """An OOM message's failed request in brief: 'asked 3.52 GiB'."""
+    request = failed_request(message)
+    return request.replace("Tried to allocate", "asked") if request.startswith("Tried to allocate") else request
 
 
 def sharing_check(checks: Sequence[SharedCheck]) -> pd.DataFrame:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pandas as pd
@@ -20,19 +21,68 @@ def number(value: object, spec: str) -> str:
     return "—" if missing(value) else format(value, spec)
 
 
+def mib(value: object) -> str:
+    """A MiB figure to three significant digits, never finer than 0.1 MiB: '7196', '97.9', '0.56'; a dash for none."""
+    if missing(value):
+        return "—"
+    return sig(value) if abs(float(value)) < 100 else format(float(value), ".0f")  # type: ignore[arg-type]
+
+
+def sig(value: object, digits: int = 3) -> str:
+    """A number to ``digits`` significant digits, trailing zeros kept ('41.0', '7.00', '1234'); a dash for none."""
+    if missing(value):
+        return "—"
+    number_ = float(value)  # type: ignore[arg-type]
+    if number_ == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(number_))))
+    text = format(number_, f".{decimals}f")
+    return "0" if float(text) == 0 else text
+
+
+def nowrap(label: str) -> str:
+    """A short label that a narrow table column must not break: 'vanilla + chunk 64' on one line."""
+    return label.replace(" ", "\u00a0")
+
+
 def failed_request(message: object) -> str:
     """The failed request of an OOM message: "CUDA out of memory. Tried to allocate X GiB. ..." → its 2nd sentence."""
     sentences = str(message).split(". ")
     return sentences[1] if len(sentences) > 1 else str(message)
 
 
-def card_label(name: str) -> str:
-    """A card as '80 GB (78.43 GiB)': its marketed size and what PyTorch may use on it."""
+def card_label(name: str, lines: bool = False) -> str:
+    """A card as measured: '80 GB (H100 profile, 78.43 GiB on an H200)', '141 GB (the whole H200)';
+    with ``lines``, the same over three lines for a tick label ('80 GB', 'H100 profile', '78.43 GiB')."""
     profile = CARDS.get(name)
     if profile is None or profile.nominal_gb is None:
         return name
-    usable = f"{profile.usable_gib:.2f} GiB" if profile.usable_gib is not None else "whole device"
-    return f"{profile.nominal_gb} GB ({usable})"
+    if profile.usable_gib is None:
+        return f"{profile.nominal_gb} GB\nthe whole\nH200" if lines else f"{profile.nominal_gb} GB (the whole H200)"
+    model = name.split("-")[0].upper()
+    if lines:
+        return f"{profile.nominal_gb} GB\n{model} profile\n{profile.usable_gib:.2f} GiB"
+    return f"{profile.nominal_gb} GB ({model} profile, {profile.usable_gib:.2f} GiB on an H200)"
+
+
+def card_short(name: str) -> str:
+    """A card in a narrow column: '80 GB', '141 GB (whole H200)'."""
+    profile = CARDS.get(name)
+    if profile is None or profile.nominal_gb is None:
+        return name
+    return f"{profile.nominal_gb} GB" + (" (whole H200)" if profile.usable_gib is None else "")
+
+
+def percent(value: float, spec: str = "+.1f") -> str:
+    """A signed percentage that never reads '-0.0%': a value that rounds to zero is '0%'."""
+    text = format(value, spec)
+    return "0%" if float(text) == 0 else f"{text}%"
+
+
+def signed(value: float, spec: str = "+.2f") -> str:
+    """A signed number that never reads '-0.00': a value that rounds to zero is '0'."""
+    text = format(value, spec)
+    return "0" if float(text) == 0 else text
 
 
 def cards_in_order(names: object) -> list[str]:

@@ -1,0 +1,228 @@
+"""The book's executed cell notebooks: their tables are rendered from their committed results by
+``harness.cellbook refresh``, which is idempotent, edits no source cell and never writes a result; the
+committed notebooks show no local path, no warning, no six-decimal float and no "None" or "[]"; each
+one's header and title say its result's spec and outcome; the index page links every notebook."""
+
+import copy
+import hashlib
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from harness import cellbook, display
+from harness.report import data
+
+ROOT = Path(__file__).resolve().parent.parent
+CELLS = ROOT / "book" / "cells"
+COMMITTED_NOTEBOOKS = sorted(CELLS.rglob("*.ipynb"))
+LOCAL = ("/work/", "/root/", "/tmp/")
+SIX_DECIMALS = re.compile(r"\d\.\d{6}")
+TABLE_WORDS = re.compile(r"(?<![\w-])(None|NaN|nan|\[\])(?![\w-])")
+
+
+@pytest.fixture(scope="module")
+def results() -> data.Results:
+    return data.read(ROOT / "results")
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def sources(notebook) -> list[tuple[str, str]]:
+    return [(cell.cell_type, cell.source) for cell in notebook.cells]
+
+
+def noisy(notebook):
+    """A committed notebook as papermill left it before any refresh: warnings, bars and raw tables."""
+    notebook = copy.deepcopy(notebook)
+    notebook.cells = [cell for cell in notebook.cells if cellbook.HEADER_TAG not in cell.metadata.get("tags", [])]
+    for cell in notebook.cells:
+        cell.metadata["tags"] = [t for t in cell.metadata.get("tags", []) if t not in ("remove-input", "hide-input")]
+        if cell.cell_type != "code" or not cell.outputs:
+            continue
+        if cellbook._runs_the_cell(cell.source):
+            warning = "/opt/torch/.venv/lib/python3.12/site-packages/tqdm/auto.py:21: TqdmWarning: IProgress not found.\n"
+            cell.outputs.insert(0, nbformat.v4.new_output("stream", name="stderr", text=warning))
+            cell.outputs.insert(1, nbformat.v4.new_output("stream", name="stdout", text="saved to /work/main/results/x.json\n"))
+        for output in cell.outputs:
+            if output.output_type == "execute_result":
+                output.data = {
+                    "text/plain": "step peak (MiB)  54468.220703\nOOM  None\nsteady steps  []",
+                    "text/html": "<td>None</td>",
+                }
+    return notebook
+
+
+def one_of_each() -> list[Path]:
+    """A colpali, a pylate, an op and an out-of-memory notebook of the committed book."""
+    chosen = []
+    for part in ("/colpali/", "/pylate/", "/op-colpali/", "/op-pylate/"):
+        chosen.append(next(p for p in COMMITTED_NOTEBOOKS if part in str(p)))
+    chosen.append(next(p for p in COMMITTED_NOTEBOOKS if p.read_text().count("— oom")))
+    return chosen
+
+
+@pytest.fixture
+def scratch_book(tmp_path, results):
+    """A copy of a few committed notebooks, made noisy again, under a cells folder of its own."""
+    cells = tmp_path / "cells"
+    for path in one_of_each():
+        target = cells / path.relative_to(CELLS)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(noisy(nbformat.read(path, as_version=4)), target)
+    return cells
+
+
+def test_refresh_is_idempotent_and_changes_no_source_cell_nor_result(scratch_book, results):
+    before = {path: nbformat.read(path, as_version=4) for path in scratch_book.rglob("*.ipynb")}
+    results_before = digest(ROOT / "results")
+    first = cellbook.refresh(scratch_book, results)
+    assert sorted(first.changed) == sorted(before) and first.unmatched == []
+    after = {path: path.read_bytes() for path in before}
+    second = cellbook.refresh(scratch_book, results)
+    assert second.changed == [] and sorted(second.unchanged) == sorted(before)
+    assert {path: path.read_bytes() for path in before} == after  # the second run wrote nothing new
+    assert digest(ROOT / "results") == results_before
+    for path, original in before.items():
+        refreshed = nbformat.read(path, as_version=4)
+        kept = [c for c in sources(refreshed)[1:] if c[1] and not c[1].startswith("| stack")]
+        assert kept == sources(original)[1:]  # only the title heading and the header cell are the refresh's
+        assert cellbook.refresh_notebook(refreshed, *_result_of(path, scratch_book, results)) == refreshed
+
+
+def _result_of(path: Path, cells: Path, results: data.Results):
+    grid, cell_id = cellbook.notebook_key(path, cells)
+    matches = [(p, r) for p, r in results.of(grid) if r.cell_id == cell_id]
+    assert len(matches) == 1, f"{path}: {len(matches)} results"
+    result_path, result = matches[0]
+    return result, cellbook.result_file(result_path, results.root)
+
+
+def test_refresh_strips_warnings_and_paths_and_renders_the_tables(scratch_book, results):
+    cellbook.refresh(scratch_book, results)
+    for path in scratch_book.rglob("*.ipynb"):
+        problems = list(output_problems(nbformat.read(path, as_version=4)))
+        assert problems == [], f"{path.name}: {problems[:3]}"
+
+
+def test_the_check_command_says_the_committed_notebooks_are_current(capsys):
+    from harness.cli import main
+
+    assert main(["cellbook", "check"]) == 0
+    assert f"would rewrite 0 executed notebooks; {len(COMMITTED_NOTEBOOKS)} already current" in capsys.readouterr().out
+
+
+def output_problems(notebook):
+    """What a notebook's outputs must not show: a local path, a warning, a six-decimal float, None or []."""
+    for index, cell in enumerate(notebook.cells):
+        for output in cell.get("outputs", []):
+            if output.output_type == "stream":
+                texts = {"stream": output.text}
+            elif output.output_type == "error":
+                texts = {"error": output.evalue + "\n".join(output.traceback)}
+            else:
+                texts = {kind: value for kind, value in output.get("data", {}).items() if kind in ("text/plain", "text/html")}
+            for kind, text in texts.items():
+                for bad in LOCAL:
+                    if bad in text:
+                        yield index, kind, f"local path {bad}"
+                if "Warning" in text and output.output_type == "stream":
+                    yield index, kind, "a warning"
+                if output.output_type == "stream" and output.name == "stderr":
+                    yield index, kind, "a stderr stream"
+                if kind.startswith("text/"):
+                    if SIX_DECIMALS.search(text):
+                        yield index, kind, f"six decimals: {SIX_DECIMALS.search(text)[0]}"
+                    if TABLE_WORDS.search(text):
+                        yield index, kind, f"table word: {TABLE_WORDS.search(text)[0]}"
+
+
+@pytest.mark.parametrize("path", COMMITTED_NOTEBOOKS, ids=[p.stem for p in COMMITTED_NOTEBOOKS])
+def test_a_committed_notebook_reads_as_a_record(path, results):
+    notebook = nbformat.read(path, as_version=4)
+    assert list(output_problems(notebook)) == []
+    result, result_file = _result_of(path, CELLS, results)
+    title = next(c for c in notebook.cells if c.cell_type == "markdown" and c.source.startswith("# "))
+    assert title.source.splitlines()[0] == f"# {result.spec.title} — {result.outcome}"
+    (header,) = [c for c in notebook.cells if cellbook.HEADER_TAG in c.metadata.get("tags", [])]
+    names, _, values = header.source.splitlines()[:3]
+    shown = dict(zip(names.strip("| ").split(" | "), values.strip("| ").split(" | "), strict=True))
+    fields = display.header_fields(result)
+    assert shown == {k.replace(" per query", ""): v for k, v in fields.items() if k in cellbook.HEADER_COLUMNS}
+    assert all(f"{k} {v}" in header.source for k, v in fields.items() if k not in (*cellbook.HEADER_COLUMNS, "grid", "cell id"))
+    assert shown["outcome"].startswith(result.outcome) and shown["batch"] == str(result.spec.batch_size)
+    assert shown["backend"].startswith(result.spec.variant) and shown["stack"] == result.spec.stack
+    assert f"`{result.grid}`" in header.source and f"`{result.cell_id}`" in header.source and result_file in header.source
+    injected = [c for c in notebook.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert all("remove-input" in c.metadata["tags"] for c in injected)
+
+
+def test_the_header_and_summary_of_an_out_of_memory_cell(results):
+    result = next(r for _, r in results.of("published") if r.outcome == "oom" and not r.step_times_sec)
+    header = display.header_fields(result)
+    assert header["outcome"] == "oom" and header["grid"] == "published" and header["cell id"] == result.cell_id
+    summary = display.summary(result)["value"]
+    assert summary["OOM"].startswith("CUDA out of memory. Tried to allocate") and summary["OOM"].count(".") <= 3
+    assert "steady step time (s)" not in summary  # no step completed: no time, rather than None
+    assert display.step_times(result)["value"]["note"].startswith("no step completed")
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0.451612, "0.452"),
+        (2.650584, "2.65"),
+        (71.15, "71.2"),
+        (283.429, "283"),
+        (5489.3, "5,489"),
+        (0.046612, "0.0466"),
+        (0, "0"),
+        (None, ""),
+    ],  # fmt: skip
+)
+def test_seconds_and_rates_have_three_significant_digits(value, text):
+    assert display.significant(value) == text
+
+
+def test_memory_and_step_lists_read_plainly():
+    assert display.mib(54468.220703) == "54,468.2" and display.mib_gib(52343.338379) == "52,343.3 MiB (51.1 GiB)"
+    assert display.integers([1, 2, 3]) == "1–3" and display.integers([]) == "none" and display.integers([0, 2, 3]) == "0, 2, 3"
+    assert display.integers([0, *range(2, 50)]) == "0, 2–49"
+
+
+def test_the_index_lists_every_cell_grouped_and_links_its_notebook(results):
+    assert cellbook.grids_in_order(results)[:2] == ["published", "ours"]
+    for grid in cellbook.grids_in_order(results):
+        page = cellbook.index_html(results, grid)
+        assert page.count("<tr>") == len(results.of(grid)) + page.count("<thead>")
+        for href in re.findall(r'href="([^"]+)"', page):
+            assert (ROOT / "book" / href).with_suffix(".ipynb").exists(), href
+    published = cellbook.index_html(results, "published")
+    assert len(re.findall(r'href="cells/published/', published)) == len(results.of("published"))
+    linked = {
+        href
+        for grid in cellbook.grids_in_order(results)
+        for href in re.findall(r'href="([^"]+)"', cellbook.index_html(results, grid))
+    }
+    assert len(linked) == len(COMMITTED_NOTEBOOKS)  # every committed notebook is reachable from the index
+
+
+def test_the_index_page_says_the_tables_come_from_the_results():
+    text = (ROOT / "book" / "cells.md").read_text()
+    assert cellbook.COMMAND in text and "rendered from the cell's committed result file" in " ".join(text.split())
+
+
+def test_refresh_leaves_a_notebook_without_result_alone(tmp_path, results):
+    cells = tmp_path / "cells" / "ours" / "pylate" / "plain"
+    cells.mkdir(parents=True)
+    shutil.copy(COMMITTED_NOTEBOOKS[0], cells / "no-such-cell.ipynb")
+    before = (cells / "no-such-cell.ipynb").read_bytes()
+    done = cellbook.refresh(tmp_path / "cells", results)
+    assert done.changed == [] and len(done.unmatched) == 1
+    assert (cells / "no-such-cell.ipynb").read_bytes() == before
