@@ -299,11 +299,10 @@ def _ceiling(args: argparse.Namespace) -> int:
 def _results(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from harness.grid import grid_names
-    from harness.results import read_results
+    from harness.report import data
 
-    grids = set(grid_names())
-    results, skipped = read_results(args.folder, grids)
+    read = data.read(args.folder)
+    results, skipped = read.found, read.skipped
     counts = Counter(result.grid for _, result in results)
     print(f"{len(results)} results of the report's grids under {args.folder}: "
           + ", ".join(f"{grid} {n}" for grid, n in sorted(counts.items())))  # fmt: skip

@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from harness.report import text
 from harness.results import CellResult, OpCall
 
 NONE = "none"  # an empty list, in words
@@ -29,12 +30,7 @@ def significant(value: float | None, digits: int = 3) -> str:
     """``value`` to ``digits`` significant digits, never in exponent form (``0.452``, ``2.65``, ``71.2``, ``1,234``)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    if value == 0:
-        return "0"
-    decimals = digits - 1 - math.floor(math.log10(abs(value)))
-    if decimals <= 0:
-        return f"{round(value):,}"
-    return f"{value:,.{decimals}f}"
+    return text.significant(value, digits, whole=True, thousands=True)
 
 
 def mib(value: float | None) -> str:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from harness.spec import STACKS, CellSpec, SpecError, make_spec
+from harness.spec import STACKS, CellSpec, SpecError, choose, make_spec
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,9 +121,6 @@ def load_grid(path: str | os.PathLike[str], stacks: Sequence[str] | None = None)
     """Expand and validate a grid file (only ``stacks``' cells, if given); raise :class:`GridError`
     naming every problem."""
     for name in stacks or ():
-        if name not in STACKS:
-            from harness.spec import choose
-
-            choose("stack", name, STACKS)  # raises, with the closest name
+        choose("stack", name, STACKS)  # an unknown stack raises, with the closest name
     return build_grid(path, "cells", EXPANDABLE, grid_cell, lambda cell: cell.cell_id,
                       keep=lambda fields: not stacks or fields.get("stack") in stacks)  # fmt: skip

@@ -346,9 +346,14 @@ def frame_of(results: Iterable[tuple[Path, CellResult]], level: Literal["cells",
     return frame
 
 
-def _cell_summary(result: CellResult) -> dict[str, object]:
+def largest_isolated_call(result: CellResult) -> OpCall | None:
+    """The isolated replay that held the most for backward (replays that ran out of memory left out)."""
     isolated = [c for c in result.maxsim_calls_isolated if not c.oom_in_replay]
-    largest = max(isolated, key=lambda c: c.saved_for_backward_mib or 0.0, default=None)
+    return max(isolated, key=lambda c: c.saved_for_backward_mib or 0.0, default=None)
+
+
+def _cell_summary(result: CellResult) -> dict[str, object]:
+    largest = largest_isolated_call(result)
     steady = [result.step_times_sec[i] for i in result.steady_steps]
     per_step = result.fragmentation_per_step_mib
     return {

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from harness import cli, gpu_gate
+from harness import cli
 from harness.grid import GridCell, GridError
 from harness.orchestrate import ceiling as orchestrate
 from harness.orchestrate import pool
@@ -22,19 +22,9 @@ from harness.search import Ceiling, CeilingSearch, ProbeMismatch, Probes, descri
 from harness.search import walk as walk_search
 from harness.spec import with_fields
 
-pytestmark = pytest.mark.pylate
+pytestmark = [pytest.mark.pylate, pytest.mark.usefixtures("own_gates")]
 ROOT = Path(__file__).resolve().parent.parent
 
-
-@pytest.fixture(autouse=True)
-def own_gates(tmp_path, monkeypatch):
-    """Every GPU gate of these tests lives in the test's folder, never in the host's temporary directory."""
-    folder = tmp_path / "gates"
-    folder.mkdir()
-    monkeypatch.setenv(pool.GATE_DIR_VARIABLE, str(folder))
-    monkeypatch.delenv(gpu_gate.LOCK_VARIABLE, raising=False)
-    monkeypatch.delenv(gpu_gate.SHARE_VARIABLE, raising=False)
-    return folder
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from harness.cell import BackendPathError, CellError, check_backend_ran, resolve
 from harness.memory import MIB
 from harness.results import load_result
 from harness.spec import OpSpec, SpecError, TrainSpec, with_fields
-from toy_stack import DIM, DOC_LENGTH, OOM_MESSAGE, QUERY_LENGTH, ToyStack
+from toy_stack import DIM, DOC_LENGTH, OOM_MESSAGE, QUERY_LENGTH, ToyStack, run_in_a_fresh_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -322,25 +322,10 @@ def test_a_capped_cell_that_the_device_starved_measures_nothing(tmp_path, monkey
 
 
 def test_a_cell_leaves_nothing_in_the_temporary_directory(tmp_path):
-    import sys
-
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    script = (
-        "import sys\n"
-        "from pathlib import Path\n"
-        "from harness.cell import run_cell\n"
-        "from harness.spec import TrainSpec\n"
-        "from toy_stack import ToyStack\n"
-        "spec = TrainSpec(stack='colpali', batch_size=4, steps=2, preset='tiny', device='cpu')\n"
-        "result = run_cell(spec, Path(sys.argv[1]), stack=ToyStack())\n"
-        "assert result.outcome == 'ok', result.outcome\n"
-    )
-    tests = str(Path(__file__).parent)
-    env = os.environ | {
-        "TMPDIR": str(scratch),
-        "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
-    }
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "cell.json")], env=env, check=True, timeout=300)
+    completed = run_in_a_fresh_process(tmp_path / "cell.json", dict(os.environ) | {"TMPDIR": str(scratch)},
+                                       stack="colpali", batch_size=4, steps=2, preset="tiny", device="cpu")  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-2000:]
     assert load_result(tmp_path / "cell.json").outcome == "ok"
     assert sorted(os.listdir(scratch)) == []  # the trainer's output_dir went with the process

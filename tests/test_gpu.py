@@ -119,24 +119,12 @@ def test_a_lik_cell_whose_trainer_never_reached_the_kernel_fails(tmp_path, probe
 def test_a_cell_runs_with_the_allocator_its_spec_names(tmp_path):
     # CUDA has started in this process already, so the cell runs in a fresh one, as under the launcher
     import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    script = (
-        "import sys\n"
-        "from pathlib import Path\n"
-        "from harness.cell import run_cell\n"
-        "from harness.spec import TrainSpec\n"
-        "from toy_stack import ToyStack\n"
-        "spec = TrainSpec(stack='colpali', batch_size=8, steps=2, preset='tiny', device='cuda', allocator='expandable')\n"
-        "run_cell(spec, Path(sys.argv[1]), stack=ToyStack())\n"
-    )
-    tests = str(Path(__file__).parent)
+    from toy_stack import run_in_a_fresh_process
+
     env = {key: value for key, value in os.environ.items() if key != "PYTORCH_CUDA_ALLOC_CONF"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
-    completed = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cell.json")], env=env, capture_output=True,
-                               text=True, timeout=300)  # fmt: skip
+    completed = run_in_a_fresh_process(tmp_path / "cell.json", env, stack="colpali", batch_size=8, steps=2, preset="tiny",
+                                       device="cuda", allocator="expandable")  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-2000:]
     from harness.results import load_result
 

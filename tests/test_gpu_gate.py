@@ -21,6 +21,8 @@ from harness import gpu_gate
 from harness.gpu_gate import CONTEXT_MARGIN_GIB as MARGIN
 from harness.orchestrate import pool
 
+pytestmark = pytest.mark.usefixtures("own_gates")  # every gate of these tests is the test's own (tests/conftest.py)
+
 ENTER = """
 import sys, time
 from harness import gpu_gate
@@ -53,17 +55,6 @@ def wait_for_ticket(lock, timeout_sec=60):
         assert time.time() < deadline, "no process started waiting"
         time.sleep(0.05)
 
-
-@pytest.fixture(autouse=True)
-def own_gates(tmp_path, monkeypatch):
-    """Gates of this test only: sweeps started here put theirs in the test's folder, and nothing
-    inherited from the environment points a cell at a real one."""
-    folder = tmp_path / "gates"
-    folder.mkdir()
-    monkeypatch.setenv(pool.GATE_DIR_VARIABLE, str(folder))
-    monkeypatch.delenv(gpu_gate.LOCK_VARIABLE, raising=False)
-    monkeypatch.delenv(gpu_gate.SHARE_VARIABLE, raising=False)
-    return folder
 
 
 @pytest.fixture

@@ -27,20 +27,10 @@ from harness.orchestrate.sweep import run_sweep, skypilot_task
 from harness.results import CellResult, load_result, write_result
 from harness.spec import SpecError, TrainSpec, with_fields
 
-pytestmark = pytest.mark.pylate
+pytestmark = [pytest.mark.pylate, pytest.mark.usefixtures("own_gates")]
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = Path(sys.executable).with_name("harness")  # this environment's console script
 
-
-@pytest.fixture(autouse=True)
-def own_gates(tmp_path, monkeypatch):
-    """Every GPU gate of these tests lives in the test's folder, never in the host's temporary directory."""
-    folder = tmp_path / "gates"
-    folder.mkdir()
-    monkeypatch.setenv(pool.GATE_DIR_VARIABLE, str(folder))
-    monkeypatch.delenv(gpu_gate.LOCK_VARIABLE, raising=False)
-    monkeypatch.delenv(gpu_gate.SHARE_VARIABLE, raising=False)
-    return folder
 
 
 def notebook_variant(folder: Path, name: str, source: str, base: str = "pylate") -> Path:

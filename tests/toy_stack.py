@@ -12,6 +12,10 @@ given step, to exercise OOM-as-outcome without a GPU.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -126,3 +130,21 @@ class ToyStack:
             model_source="toy:random",
             data_source="toy:random-ids",
         )
+
+
+def run_in_a_fresh_process(output: Path, env: dict[str, str], **spec_fields: object) -> subprocess.CompletedProcess[str]:
+    """A toy cell run as the launcher runs one: in a fresh Python process, with ``env`` (CUDA not
+    started yet, so its allocator setting and temporary directory are its own); its result at ``output``."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from harness.cell import run_cell\n"
+        "from harness.spec import TrainSpec\n"
+        "from toy_stack import ToyStack\n"
+        f"spec = TrainSpec(**{spec_fields!r})\n"
+        "result = run_cell(spec, Path(sys.argv[1]), stack=ToyStack())\n"
+        "assert result.outcome == 'ok', result.outcome\n"
+    )
+    tests = str(Path(__file__).parent)
+    env = env | {"PYTHONPATH": os.pathsep.join(filter(None, [tests, env.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-c", script, str(output)], env=env, capture_output=True, text=True, timeout=300)

@@ -16,13 +16,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.results import CellResult, read_results  # noqa: E402
+from harness.results import CellResult, largest_isolated_call, read_results  # noqa: E402
 
 
 def peaks(result: CellResult) -> dict[str, float | None]:
     """The memory a cell measured: step peaks and the largest isolated op record's brackets."""
-    isolated = [call for call in result.maxsim_calls_isolated if not call.oom_in_replay]
-    largest = max(isolated, key=lambda call: call.saved_for_backward_mib or 0.0, default=None)
+    largest = largest_isolated_call(result)
     return {
         "step_peak_alloc_mib": result.step_peak_alloc_mib,
         "step_peak_reserved_mib": result.step_peak_reserved_mib,

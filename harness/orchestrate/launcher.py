@@ -72,11 +72,8 @@ def state(cell: GridCell, layout: Layout) -> State:
     path = layout.result_path(cell)
     if not path.exists():
         return "missing"
-    try:
-        result = load_result(path)
-    except ResultError:
-        return "broken"
-    if result.grid != cell.grid or not admits(cell.spec, result.spec):
+    result = _own_result(path, cell)
+    if result is None:
         return "broken"
     return "crashed" if result.outcome == "crashed" else "done"
 

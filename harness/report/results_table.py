@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import re
 from dataclasses import dataclass
 from html import escape
@@ -19,7 +18,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from harness.report.data import GIB_PER_MIB, backend_label
-from harness.report.text import failed_request, missing
+from harness.report.text import failed_request, missing, significant
 
 TABLE_ID = "all-cells"
 
@@ -58,17 +57,6 @@ COLUMNS = [
 ]  # fmt: skip
 NUMERIC = {"batch", "negatives", "seed", "failed request (GiB)"}  # sorted as numbers, like the measurements
 ORDER = ["stack", "regime", "grid", "backend", "card", "allocator", "batch_size", "negatives", "seed"]
-
-
-def significant(value: float, digits: int = 3) -> str:
-    """``value`` to ``digits`` significant digits, in plain decimals (never an exponent): 0.0123, 1.23, 45100."""
-    if value == 0 or not math.isfinite(value):
-        return f"{value:g}"
-    decimals = digits - 1 - math.floor(math.log10(abs(value)))
-    rounded = round(value, decimals)
-    if math.floor(math.log10(abs(rounded))) > math.floor(math.log10(abs(value))):  # 99.96 → 100, not 100.0
-        decimals -= 1
-    return f"{rounded:.{max(0, decimals)}f}"
 
 
 def request_gib(message: object) -> str:

@@ -313,18 +313,6 @@ def _side_by_side(alone: float | None, shared: float | None, spec: str) -> str:
 
 # ---- the results page ----------------------------------------------------------------------------
 
-ALL_CELLS_COLUMNS = [
-    "grid", "stack", "regime", "batch_size", "negatives", "variant", "score_mini_batch_size", "card", "allocator", "seed",
-    "outcome", "step_peak_alloc_mib", "step_peak_reserved_mib", "fragmentation_mib", "steady_step_time_sec",
-]  # fmt: skip
-ALL_CELLS_ORDER = ["grid", "stack", "regime", "variant", "card", "allocator", "batch_size", "seed"]
-
-
-def all_cells_table(cells: pd.DataFrame) -> pd.DataFrame:
-    """Every cell in one table, under the result schema's own field names (readers of the JSON know them)."""
-    return cells[ALL_CELLS_COLUMNS].sort_values(ALL_CELLS_ORDER).reset_index(drop=True)
-
-
 def skipped_table(skipped: Sequence[Skipped], root: Path) -> pd.DataFrame:
     """Every file under the results folder the report could not use, and why."""
     def where(path: Path) -> str:

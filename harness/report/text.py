@@ -28,16 +28,24 @@ def mib(value: object) -> str:
     return sig(value) if abs(float(value)) < 100 else format(float(value), ".0f")  # type: ignore[arg-type]
 
 
+def significant(value: float, digits: int = 3, whole: bool = False, thousands: bool = False) -> str:
+    """``value`` to ``digits`` significant digits in plain decimals, never an exponent, trailing zeros
+    kept ('0.0123', '1.20', '45100'); 99.96 reads '100', not '100.0'. ``whole``: a number with more
+    integer digits than ``digits`` keeps them all ('45062', not '45100'); ``thousands``: with
+    separators ('45,062'). The one rounding rule of every table of the report and the cell notebooks."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else f"{value:g}"
+    decimals = digits - 1 - math.floor(math.log10(abs(value)))
+    rounded = round(value, decimals)
+    if rounded and math.floor(math.log10(abs(rounded))) > math.floor(math.log10(abs(value))):
+        decimals -= 1  # rounding carried into a new digit: 99.96 → 100
+    shown = value if whole else rounded
+    return format(shown, f"{',' if thousands else ''}.{max(0, decimals)}f")
+
+
 def sig(value: object, digits: int = 3) -> str:
-    """A number to ``digits`` significant digits, trailing zeros kept ('41.0', '7.00', '1234'); a dash for none."""
-    if missing(value):
-        return "—"
-    number_ = float(value)  # type: ignore[arg-type]
-    if number_ == 0:
-        return "0"
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(number_))))
-    text = format(number_, f".{decimals}f")
-    return "0" if float(text) == 0 else text
+    """A table number to ``digits`` significant digits, whole numbers kept whole ('41.0', '7.00', '1234'); a dash for none."""
+    return "—" if missing(value) else significant(float(value), digits, whole=True)  # type: ignore[arg-type]
 
 
 def nowrap(label: str) -> str:
