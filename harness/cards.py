@@ -3,12 +3,16 @@
 ``torch.cuda.set_per_process_memory_fraction`` makes the allocator refuse any allocation that
 would take *reserved* memory past ``fraction × total``, raising the same ``OutOfMemoryError`` a
 smaller card would. The cap is what PyTorch can use on that card (the driver and CUDA context
-take the rest), so an "80 GB H100" is 78.43 GiB usable, as measured on one.
+take the rest), so an "80 GB H100" is 78.43 GiB usable (the published run's lik B=128 cell reserved
+78.37 GiB on one and trained).
 
 For the other cards the cap is derived, not measured: the capacity PyTorch reports for that card
 (``total_memory``, the "GPU 0 has a total capacity of X GiB" of its out-of-memory message, quoted
-from public reports) less the same 0.68 GiB the H100 loses to its CUDA context (79.11 GiB reported,
-78.43 usable). A card whose context is larger or smaller than the H100's shifts its ceiling by that
+from public reports) less ``CONTEXT_GIB`` = 0.68 GiB, an H100 80 GB's reported 79.11 GiB less the
+78.43 GiB cap. The H100's reported capacity varies with driver and board (public messages print
+79.11 or 79.18 GiB; the seed PR quotes none): from 79.18 the context would be 0.75 GiB and
+each derived cap 0.07 GiB smaller. The caps are kept as they are, since committed results were
+measured under them. A card whose context is larger or smaller shifts its ceiling by that
 difference; the report states the cap each ceiling was found under.
 """
 

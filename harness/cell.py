@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import sys
 import tempfile
 import time
@@ -26,12 +27,12 @@ from typing import Literal
 
 import torch
 
-from harness import allocator, backends, cards, environment, gpu_gate, provenance
+from harness import allocator, backends, cards, environment, gpu_gate, host, provenance
 from harness.bracket import PeakLedger
 from harness.memory import probe_for, to_mib
 from harness.recorder import OpRecorder, first_line
 from harness.replay import replay_shapes
-from harness.results import CellResult, Outcome, write_result
+from harness.results import CellResult, Outcome, Timing, write_result
 from harness.spec import CellSpec, TrainSpec, with_fields
 from harness.stacks import BuiltCell, Stack, load_stack
 from harness.timing import AutotuneWatch, StepTimer, steady_state, timed
@@ -109,6 +110,7 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
     resolved = resolve_auto(spec)
     assert isinstance(resolved, TrainSpec)
     spec = resolved
+    host.enter(spec.cell_id)  # neighbours starting up now see this cell, and it sees them
     stack = validate(spec, output, stack)
     # under harness sweep / harness ceiling: wait for this GPU (or room on it) before creating a CUDA context
     gpu_wait = gpu_gate.hold(cards.card(spec.card).usable_gib)
@@ -122,7 +124,14 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
     ledger = PeakLedger(probe)
     recorder = OpRecorder(stack.op, spec.variant, ledger)
     watch = AutotuneWatch()
-    timer = StepTimer(device, watch, on_step=lambda step: setattr(recorder, "step", step), ledger=ledger)
+    neighbours = host.HostWatch()
+
+    def on_step(step: int) -> None:  # before the step's clock starts
+        recorder.step = step
+        neighbours.look()
+
+    timer = StepTimer(device, watch, on_step=on_step, ledger=ledger,
+                      min_steps=spec.steps, min_steady=spec.min_steady_steps, warmup_steps=spec.warmup_steps)  # fmt: skip
     counters = {name: backends.EntryPointCounter(name) for name in countable_backends(stack.op.stack)}
     outcome: Outcome = "ok"
     oom_message: str | None = None
@@ -144,6 +153,7 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
                 model_source, data_source = built.model_source, built.data_source
                 built.trainer.add_callback(timer)
                 quiet_printer(built.trainer)
+                neighbours.mark(device.type)
                 with recorder.installed(built.call_site_owner, built.call_site_attribute), timed(phases, "train"):
                     built.trainer.train()
         except torch.OutOfMemoryError as error:
@@ -160,6 +170,7 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
                 f"shared GPU), so this run says nothing about that card: another process was using the GPU. Run it "
                 f"again with the GPU to itself. ({oom_message})"
             )
+        neighbours.mark(device.type)
         ledger.fold()
         built = None
         gc.collect()
@@ -197,9 +208,35 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
         env=environment.collect(device, spec.card, card_cap, spec.seed, model_source, data_source),
         wall_sec=time.perf_counter() - started,
         phase_sec=phases,
+        timing=timing_context(device, neighbours),
     )
     write_result(result, output)
     return result
+
+
+def timing_context(device: torch.device, neighbours: host.HostWatch) -> Timing:
+    """The timing rule (:mod:`harness.host`) as this cell met it."""
+    shared = gpu_gate.share_gib() is not None
+    if device.type != "cuda":
+        reason: str | None = "timed on the CPU"
+    elif shared:
+        reason = "measured beside other cells on its GPU (--share-gpu)"
+    elif neighbours.most_sharing_cpus:
+        reason = f"{neighbours.most_sharing_cpus} other cell process(es) could run on its CPU cores while it trained"
+    else:
+        reason = None
+    return Timing(
+        gpu=host.visible_gpu(),
+        cpus=host.cpu_ranges(neighbours.cpus),
+        pinned=bool(os.environ.get(host.PINNED_VARIABLE)),
+        neighbours=neighbours.most_neighbours,
+        neighbours_on_own_cpus=neighbours.most_sharing_cpus,
+        gpu_shared=shared,
+        sm_clock_mhz=[state["sm_clock_mhz"] for state in neighbours.gpu_states],
+        temperature_c=[state["temperature_c"] for state in neighbours.gpu_states],
+        comparable=reason is None,
+        reason=reason,
+    )
 
 
 def quiet_printer(trainer: object) -> None:

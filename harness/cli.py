@@ -136,6 +136,9 @@ def build_parser() -> Parser:
         sub.add_argument("--gpus", help="'0,1' or 'all': workers bound to these GPUs (default: the one visible)")
         sub.add_argument("--cells-per-gpu", type=positive_int, default=1, metavar="N",
                          help="start N cells per GPU; they measure one at a time unless --share-gpu (default 1)")  # fmt: skip
+        sub.add_argument("--pin-cpus", choices=["auto", "on", "off"], default="auto",
+                         help="pin each GPU's cells to their own share of the CPU cores (auto: when more than one GPU "
+                              "is given), so cells on different GPUs time as if alone (the timing rule)")  # fmt: skip
         sub.add_argument("--match", action="append", default=[], metavar="GLOB",
                          help="only ids matching this pattern (repeatable)")
         sub.add_argument("--dry-run", action="store_true", help="say where each cell or search stands, run nothing")
@@ -256,8 +259,14 @@ def _sweep(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"harness sweep: {error}", file=sys.stderr)
         return 2
-    runs = run_sweep(cells, layout, gpus, args.rerun_crashed, cells_per_gpu=args.cells_per_gpu)
+    runs = run_sweep(cells, layout, gpus, args.rerun_crashed, cells_per_gpu=args.cells_per_gpu,
+                     pin_cpus=_pin(args.pin_cpus, gpus))  # fmt: skip
     return 1 if any(run.outcome == "crashed" for run in runs) else 0
+
+
+def _pin(choice: str, gpus: list[str] | None) -> bool:
+    """``--pin-cpus``: on, off, or (auto) on when cells run on more than one GPU at once."""
+    return choice == "on" or (choice == "auto" and gpus is not None and len(gpus) > 1)
 
 
 def _ceiling(args: argparse.Namespace) -> int:
@@ -289,7 +298,8 @@ def _ceiling(args: argparse.Namespace) -> int:
     if share:
         print("sharing GPUs: " + ", ".join(f"{gpu or 'default'} {gib:.1f} GiB" for gpu, gib in share.items()))
     layout = Layout(args.results_dir, args.notebooks_dir)
-    ceilings = run_searches(searches, layout, gpus, args.cells_per_gpu, rerun_crashed=args.rerun_crashed, share_gib=share)
+    ceilings = run_searches(searches, layout, gpus, args.cells_per_gpu, rerun_crashed=args.rerun_crashed, share_gib=share,
+                            pin_cpus=_pin(args.pin_cpus, gpus))  # fmt: skip
     stopped = [describe(search, c) for search, c in zip(searches, ceilings, strict=True) if c.stopped]
     for line in stopped:
         print(line, file=sys.stderr)

@@ -65,15 +65,15 @@ def hold(cap_gib: float | None = None) -> float:
     tag = f"{time.monotonic_ns():020d}-{os.getpid()}"  # CLOCK_MONOTONIC: one clock for the whole host
     waiting = entries / f"wait-{tag}"
     with _locked(gate):
-        ticket = _enter(waiting, "")
+        ticket = enter(waiting, "")
     try:
         while True:
             with _locked(gate):
-                live = _live_entries(entries, tag)
+                live = live_entries(entries, tag)
                 queue = sorted(name for name in live if name.startswith("wait-"))
                 admitted = [text for name, text in live.items() if name.startswith("hold-")]
                 if queue[0] == waiting.name and fits(need, admitted, budget):
-                    _held = _enter(entries / f"hold-{tag}", EXCLUSIVE if need is None else f"{need:.3f}")
+                    _held = enter(entries / f"hold-{tag}", EXCLUSIVE if need is None else f"{need:.3f}")
                     _share_gib = need
                     return time.perf_counter() - began
             time.sleep(POLL_SEC)
@@ -136,7 +136,7 @@ def _close_in_child() -> None:
 os.register_at_fork(after_in_child=_close_in_child)
 
 
-def _enter(path: Path, text: str) -> IO[str]:
+def enter(path: Path, text: str) -> IO[str]:
     handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 — kept open (and locked) while it counts
     fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
     handle.write(text)
@@ -144,7 +144,7 @@ def _enter(path: Path, text: str) -> IO[str]:
     return handle
 
 
-def _live_entries(entries: Path, own_tag: str) -> dict[str, str]:
+def live_entries(entries: Path, own_tag: str) -> dict[str, str]:
     """Every entry whose owner still runs, by name; the others are removed. This process's own
     entries are live without asking: where ``flock`` is emulated with POSIX locks (NFS), a second
     handle of the same process would get the lock, and closing it would drop the real one."""

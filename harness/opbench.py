@@ -32,9 +32,17 @@ from typing import Any
 
 import torch
 
-from harness import backends, environment, gpu_gate, provenance
+from harness import backends, environment, gpu_gate, host, provenance
 from harness.bracket import PeakLedger
-from harness.cell import CellError, check_backend_ran, check_device, check_writable, countable_backends, resolve_auto
+from harness.cell import (
+    CellError,
+    check_backend_ran,
+    check_device,
+    check_writable,
+    countable_backends,
+    resolve_auto,
+    timing_context,
+)
 from harness.memory import probe_for, to_mib
 from harness.ops import DTYPES, ColpaliInBatchMaxSim, MaxSimOp, OpShape, PylateColbertScores, VanillaPrediction, _embeddings
 from harness.recorder import first_line
@@ -182,6 +190,7 @@ def run_op_cell(spec: OpSpec, output: Path, grid: str | None = None, notebook: P
     resolved = resolve_auto(spec)
     assert isinstance(resolved, OpSpec)
     spec = resolved
+    host.enter(spec.cell_id)
     op = validate(spec, output)
     gpu_wait = gpu_gate.hold()
     started = time.perf_counter()
@@ -193,11 +202,13 @@ def run_op_cell(spec: OpSpec, output: Path, grid: str | None = None, notebook: P
     counters = {name: backends.EntryPointCounter(name) for name in countable_backends(op.stack)}
     outcome: Outcome = "ok"
     oom_message: str | None = None
+    neighbours = host.HostWatch()
     with probe:
         isolated = replay_shapes(op, [shape], spec.variant, probe, seed=spec.seed)
         if isolated[0].oom_in_replay:
             outcome, oom_message = "oom", isolated[0].oom_message
         else:
+            neighbours.mark(device.type)
             try:
                 ledger.reset_window()
                 times = time_head(op, shape, spec.variant, device, spec.reps, spec.warmup, spec.rotate, spec.seed, counters)
@@ -205,6 +216,7 @@ def run_op_cell(spec: OpSpec, output: Path, grid: str | None = None, notebook: P
                 outcome, oom_message = "oom", first_line(error)
                 error.__traceback__ = None
                 del error
+            neighbours.mark(device.type)
             ledger.fold()
         gc.collect()
         probe.empty_cache()
@@ -220,6 +232,7 @@ def run_op_cell(spec: OpSpec, output: Path, grid: str | None = None, notebook: P
         backend_entry_point_calls=kernel_calls, maxsim_calls_isolated=isolated,
         env=environment.collect(device, "native", None, spec.seed, "none (loss head only)", "random unit-norm embeddings"),
         wall_sec=time.perf_counter() - started, gpu_wait_sec=gpu_wait,
+        timing=timing_context(device, neighbours),
     )  # fmt: skip
     write_result(result, output)
     return result

@@ -84,6 +84,30 @@ class Environment(_Record):
     seed: int
 
 
+class Timing(_Record):
+    """What the cell's times were taken beside (:mod:`harness.host`), and whether they may be published.
+
+    ``gpu``: the physical GPU index; ``cpus``: the cores the cell could run on (``"0-7"``);
+    ``pinned``: the launcher pinned them. ``neighbours``: the most other cell processes seen on the
+    host while the cell trained; ``neighbours_on_own_cpus``: the most of them that could run on this
+    cell's cores. ``gpu_shared``: the cell entered its GPU beside others (``--share-gpu``).
+    ``sm_clock_mhz`` / ``temperature_c``: the GPU's at the start and end of training.
+    ``comparable``: the times are the card's (GPU alone, and no neighbour on its cores); ``reason``
+    says why not.
+    """
+
+    gpu: str | None = None
+    cpus: str
+    pinned: bool = False
+    neighbours: int = 0
+    neighbours_on_own_cpus: int = 0
+    gpu_shared: bool = False
+    sm_clock_mhz: list[float] = Field(default_factory=list)
+    temperature_c: list[float] = Field(default_factory=list)
+    comparable: bool
+    reason: str | None = None
+
+
 class Provenance(_Record):
     """Which code produced a result: enough to find it again, even from a copied tree.
 
@@ -153,6 +177,23 @@ class CellResult(_Record):
     # where wall_sec went: "device" (context, card cap), "build" (model, data, trainer), "train"
     # (every step, up to an OOM), "replay" (the isolated replays)
     phase_sec: dict[str, float] = Field(default_factory=dict)
+    # the timing rule (harness.host): what the times were taken beside; None on results older than it,
+    # whose times are therefore never published as the card's
+    timing: Timing | None = None
+
+    @property
+    def data_draw(self) -> str | None:
+        """Which draw of the synthetic data the cell trained on: ``stream`` (one stream per seed) or
+        ``rows`` (batch × steps rows per cell, before the stream); None for real data."""
+        source = self.env.data_source if self.env is not None else None
+        if not source or not source.startswith("synthetic:"):
+            return None
+        return "stream" if ":stream=" in source else "rows"
+
+    @property
+    def times_comparable(self) -> bool:
+        """Whether this result's step times are the card's (the timing rule held while it trained)."""
+        return self.timing is not None and self.timing.comparable
 
     @model_validator(mode="after")
     def _identity_and_fragmentation(self) -> CellResult:
@@ -370,6 +411,16 @@ def _cell_summary(result: CellResult) -> dict[str, object]:
         "steady_step_max_sec": max(steady, default=None),
         "steady_step_p10_sec": _quantile(steady, 0.1),
         "steady_step_p90_sec": _quantile(steady, 0.9),
+        "steady_times_sec": steady,
+        "first_step_sec": result.step_times_sec[0] if result.step_times_sec else None,
+        "retune_steps": sum(1 for step in result.autotune_steps if step > 0),
+        # the timing rule (harness.host): whether these times are the card's, and why not
+        "times_comparable": result.times_comparable,
+        # which draw of the synthetic data: "stream" (one stream per seed) or "rows" (batch x steps
+        # rows per cell, before it); None for real data
+        "data_draw": result.data_draw,
+        "timing_reason": (result.timing.reason if result.timing is not None
+                          else "measured before the timing rule (no record of what ran beside it)"),  # fmt: skip
         "op_saved_for_backward_mib": None if largest is None else largest.saved_for_backward_mib,
         "op_backward_transient_peak_mib": None if largest is None else largest.backward_transient_peak_mib,
         "op_forward_transient_peak_mib": None if largest is None else largest.forward_transient_peak_mib,

@@ -106,8 +106,10 @@ BACKENDS: dict[str, Backend] = {
     )
 }  # fmt: skip
 
-# The H100 80 GB's reported capacity (79.11 GiB) less what PyTorch could use there (78.43): the CUDA
-# context. The other caps are the capacity PyTorch reports for that card less the same amount.
+# An H100 80 GB's reported capacity as 79.11 GiB less the 78.43 GiB cap of the 80 GB profile: the CUDA
+# context. The other caps are the capacity PyTorch reports for that card less the same amount. Public
+# H100 messages also print 79.18 GiB (driver and board); from 79.18 the context would be
+# 0.75 GiB and each derived cap 0.07 GiB smaller. Kept: committed results were measured under these caps.
 CONTEXT_GIB = 0.68
 
 
@@ -141,6 +143,8 @@ ALLOCATORS: dict[str, str | None] = {"default": None, "expandable": "expandable_
 DEVICES = ("auto", "cuda", "cpu")
 PRESET_AUTO = "auto"
 DEFAULT_SEED = 42
+MAX_STEADY_STEPS = 64  # a timed cell's steady steps: enough for percentiles, bounded so a cell ends
+AUTOTUNE_ALLOWANCE = 8  # steps beyond warm-up + steady ones a timed cell may spend autotuning (new shape buckets)
 
 
 class SpecError(ValueError):
@@ -209,8 +213,11 @@ class TrainSpec:
         default=None, metadata={"help": "PyLate's chunking: queries scored per chunk (vanilla only)"})
     card: str = dataclasses.field(default="native", metadata={"help": "emulated card: the allocator is capped to it"})
     allocator: str = dataclasses.field(default="default", metadata={"help": "the CUDA caching allocator regime"})
-    steps: int = dataclasses.field(default=4, metadata={"help": "optimizer steps"})
+    steps: int = dataclasses.field(default=4, metadata={"help": "optimizer steps (the least a cell trains)"})
     warmup_steps: int = dataclasses.field(default=1, metadata={"help": "first steps left out of the steady time"})
+    min_steady_steps: int = dataclasses.field(
+        default=0, metadata={"help": "timed cells: train past `steps` until this many steady steps (after warm-up, "
+                                     "no autotune) were timed, at most `max_steps`"})
     seed: int = dataclasses.field(default=DEFAULT_SEED, metadata={"help": "seed and data seed"})
     preset: str = dataclasses.field(
         default=PRESET_AUTO, metadata={"help": "model preset: auto (full on CUDA, tiny on CPU), tiny, full"})
@@ -236,6 +243,9 @@ class TrainSpec:
         _positive("batch_size", self.batch_size)
         _positive("steps", self.steps)
         _positive("warmup_steps", self.warmup_steps, minimum=0)
+        _positive("min_steady_steps", self.min_steady_steps, minimum=0)
+        if self.min_steady_steps > MAX_STEADY_STEPS:
+            raise SpecError(f"min_steady_steps must be at most {MAX_STEADY_STEPS}, got {self.min_steady_steps}.")
         _positive("score_mini_batch_size", self.score_mini_batch_size, allow_none=True)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise SpecError(f"seed must be an integer, got {self.seed!r}.")
@@ -248,6 +258,14 @@ class TrainSpec:
             raise SpecError("score_mini_batch_size chunks PyLate's vanilla scores; the fused backends never build the grid.")
         if self.card != "native" and self.device == "cpu":
             raise SpecError(f"card {self.card!r} emulation caps a CUDA device; on the CPU use card 'native'.")
+
+    @property
+    def max_steps(self) -> int:
+        """The most steps the cell may train: ``steps``, or with ``min_steady_steps`` room for the
+        warm-up, the steady steps and up to :data:`AUTOTUNE_ALLOWANCE` steps that autotune."""
+        if not self.min_steady_steps:
+            return self.steps
+        return max(self.steps, self.warmup_steps + self.min_steady_steps + AUTOTUNE_ALLOWANCE)
 
     @property
     def setting_id(self) -> str:

@@ -67,14 +67,23 @@ def steady_state(
 
 
 class StepTimer(TrainerCallback):
-    """Times every optimizer step (synchronized) and notes which steps autotuned."""
+    """Times every optimizer step (synchronized) and notes which steps autotuned.
+
+    With ``min_steps`` and ``min_steady`` the trainer is stopped once it has trained at least
+    ``min_steps`` steps and timed ``min_steady`` steady ones (after ``warmup_steps``, none that
+    autotuned); its ``max_steps`` bounds the run either way.
+    """
 
     def __init__(self, device: torch.device, watch: AutotuneWatch, on_step: Callable[[int], None] | None = None,
-                 ledger: PeakLedger | None = None) -> None:  # fmt: skip
+                 ledger: PeakLedger | None = None, min_steps: int = 0, min_steady: int = 0,
+                 warmup_steps: int = 0) -> None:  # fmt: skip
         self.device = device
         self.watch = watch
         self.on_step = on_step
         self.ledger = ledger
+        self.min_steps = min_steps
+        self.min_steady = min_steady
+        self.warmup_steps = warmup_steps
         self.step_times_sec: list[float] = []
         self.autotune_steps: list[int] = []
         # per completed step, when a ledger is given: its peak allocated and reserved bytes, so the
@@ -106,6 +115,10 @@ class StepTimer(TrainerCallback):
             self.step_peak_reserved_bytes.append(self.ledger.step_reserved_bytes)
         if self.watch.events > self._events_at_start:
             self.autotune_steps.append(len(self.step_times_sec) - 1)
+        if self.min_steady and len(self.step_times_sec) >= self.min_steps:
+            steady, _ = steady_state(self.step_times_sec, self.autotune_steps, self.warmup_steps)
+            if len(steady) >= self.min_steady:
+                control.should_training_stop = True
 
 
 @contextlib.contextmanager

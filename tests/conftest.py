@@ -10,14 +10,15 @@ import pytest
 
 @pytest.fixture
 def own_gates(tmp_path, monkeypatch):
-    """A folder of the test's own for GPU gates: sweeps started by the test put theirs there, and nothing
-    inherited from the environment points a cell at the host's real gates."""
-    from harness import gpu_gate
+    """A folder of the test's own for GPU gates (and the host registry): sweeps started by the test put
+    theirs there, and nothing inherited from the environment points a cell at the host's real ones."""
+    from harness import gpu_gate, host
     from harness.orchestrate import pool
 
     folder = tmp_path / "gates"
     folder.mkdir()
     monkeypatch.setenv(pool.GATE_DIR_VARIABLE, str(folder))
+    monkeypatch.setenv(host.HOST_DIR_VARIABLE, str(tmp_path / "host"))  # and a host registry of its own
     monkeypatch.delenv(gpu_gate.LOCK_VARIABLE, raising=False)
     monkeypatch.delenv(gpu_gate.SHARE_VARIABLE, raising=False)
     return folder

@@ -102,6 +102,23 @@ def test_a_local_dataset_directory_replaces_the_synthetic_set(tmp_path):
     assert source.startswith("local:")
 
 
+def test_one_seed_names_one_stream_of_batches():
+    """The first batches of a 2-step run are those of a 4-step run; another seed draws others."""
+    from toy_stack import first_batches
+
+    def batches(steps, seed=42):
+        return first_batches("pylate", 4, steps, seed, keys=lambda key: key.endswith("input_ids"))
+
+    first = batches(2)
+    assert first == batches(4)
+    assert first != batches(2, seed=7)
+    dataset, source = msmarco.load_triplets(None, n_rows=8, seed=42)
+    assert len(dataset) == msmarco.STREAM_ROWS and source.endswith(f"stream={msmarco.STREAM_ROWS}")
+    assert dataset[3] == msmarco.triplet(42, 3) and dataset[3]["query"] == msmarco.synthetic_triplets(4, 42)["query"][3]
+    with pytest.raises(ValueError, match="exceed the synthetic stream"):
+        msmarco.load_triplets(None, n_rows=msmarco.STREAM_ROWS + 1, seed=42)
+
+
 def test_synthetic_triplets_have_msmarco_lengths():
     from harness.stacks import pylate_model
 

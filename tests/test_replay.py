@@ -1,4 +1,5 @@
 import argparse
+import contextlib
 import json
 
 import pytest
@@ -102,6 +103,75 @@ def test_an_oom_in_replay_is_a_recorded_marker(monkeypatch):
     record = replay(COLPALI, OpShape((2, 4, 16), (2, 8, 16), "float32"))
     assert record.oom_in_replay and record.oom_message == "CUDA out of memory. Tried to allocate 7.81 GiB."
     assert record.saved_for_backward_mib is None and record.predicted_grid_mib > 0
+
+
+class ScriptedWatch:
+    """Stands in for harness.timing.AutotuneWatch: reports the autotuner runs it is told to."""
+
+    def __init__(self, events):
+        self.events = events
+
+    @contextlib.contextmanager
+    def active(self):
+        yield self
+
+
+def tuning_forward(monkeypatch, op, tuned_attempts):
+    """Make ``op``'s forward allocate a 1 MiB scratch buffer (as an autotuner's benchmarks would)
+    and the watch report an autotune run, on the first ``tuned_attempts`` attempts."""
+    attempts = []
+    original = op.forward
+
+    def forward(variant, inputs):
+        attempts.append(variant)
+        scratch = torch.empty(MIB, dtype=torch.uint8) if len(attempts) <= tuned_attempts else None
+        scores = original(variant, inputs)
+        del scratch  # live through the op's own peak, then gone: a pure transient
+        return scores
+
+    watches = iter([ScriptedWatch(1 if i < tuned_attempts else 0) for i in range(replay_module.MAX_REPLAY_ATTEMPTS)])
+    monkeypatch.setattr(op, "forward", forward)
+    monkeypatch.setattr(replay_module, "_autotune_watch", lambda variant: next(watches))
+    return attempts
+
+
+def test_a_call_during_which_a_kernel_autotuned_is_measured_again(monkeypatch):
+    shape = OpShape((4, 8, 16), (4, 30, 16), "float32")
+    clean = replay(COLPALI, shape)
+    attempts = tuning_forward(monkeypatch, COLPALI, tuned_attempts=1)
+    record = replay(COLPALI, shape)
+    assert len(attempts) == 2  # the tuned attempt, then the one kept
+    assert record.forward_transient_peak_mib == clean.forward_transient_peak_mib
+    assert record.backward_transient_peak_mib == clean.backward_transient_peak_mib
+
+
+def test_the_retries_are_bounded_and_keep_the_last_measurement(monkeypatch):
+    shape = OpShape((4, 8, 16), (4, 30, 16), "float32")
+    clean = replay(COLPALI, shape)
+    attempts = tuning_forward(monkeypatch, COLPALI, tuned_attempts=replay_module.MAX_REPLAY_ATTEMPTS)
+    record = replay(COLPALI, shape)
+    assert len(attempts) == replay_module.MAX_REPLAY_ATTEMPTS
+    assert record.forward_transient_peak_mib == pytest.approx(clean.forward_transient_peak_mib + 1)
+
+
+def test_an_oom_is_not_measured_again(monkeypatch):
+    calls = []
+
+    def explode(variant, inputs):
+        calls.append(variant)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 256.00 MiB.")
+
+    monkeypatch.setattr(COLPALI, "forward", explode)
+    monkeypatch.setattr(replay_module, "_autotune_watch", lambda variant: ScriptedWatch(1))
+    record = replay(COLPALI, OpShape((2, 4, 16), (2, 8, 16), "float32"))
+    assert record.oom_in_replay and len(calls) == 1
+
+
+def test_the_vanilla_path_watches_no_autotuner():
+    watch = replay_module._autotune_watch("vanilla")
+    with watch.active():
+        pass
+    assert watch.events == 0
 
 
 def test_replay_shapes_replays_each_distinct_shape_once():

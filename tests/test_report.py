@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from harness.report import data, plots, prose, style, tables, text
-from harness.results import write_result
+from harness.results import Timing, write_result
 from test_book import ROOT, committed_book
 from test_results import make_call, make_result
 
@@ -31,6 +31,9 @@ def replay(batch, variant, held_mib, oom=False):
     )  # fmt: skip
 
 
+TIMED = Timing(gpu="0", cpus="0-15", comparable=True)  # timed under the timing rule (harness.host)
+
+
 def fixture_results(root: Path) -> Path:
     """A small PyLate grad-checkpoint sweep: vanilla ×4 per doubling and OOM at 1024, lik ×2."""
     common = dict(stack="pylate", regime="grad-checkpoint", card="h100-80gb", steps=3)
@@ -39,13 +42,15 @@ def fixture_results(root: Path) -> Path:
         cell = make_result(
             **common, batch_size=batch, variant="vanilla", outcome="oom" if oom else "ok", oom_where="maxsim" if oom else None,
             oom_message=OOM if oom else None, step_peak_alloc_mib=batch * 100.0, step_peak_reserved_mib=batch * 110.0,
-            step_times_sec=[3.0, 1.0, 1.0], steady_step_time_sec=None if oom else batch / 400,
+            step_times_sec=[3.0] if oom else [3.0] + [batch / 400] * 8, steady_steps=[] if oom else list(range(1, 9)),
+            steady_step_time_sec=None if oom else batch / 400, timing=TIMED,
             samples_per_sec=None if oom else 400.0, maxsim_calls_isolated=[replay(batch, "vanilla", held, oom=oom)],
         )  # fmt: skip
         write_result(cell, root / f"vanilla-{batch}.json")
         lik = make_result(
             **common, batch_size=batch, variant="lik", step_peak_alloc_mib=batch * 55.0, step_peak_reserved_mib=batch * 58.0,
-            step_times_sec=[9.0, 1.0, 1.0], steady_step_time_sec=batch / 450, samples_per_sec=450.0,
+            step_times_sec=[9.0] + [batch / 450] * 8, autotune_steps=[0], steady_steps=list(range(1, 9)),
+            steady_step_time_sec=batch / 450, samples_per_sec=450.0, timing=TIMED,
             maxsim_calls_isolated=[replay(batch, "lik", held / 25 * batch / 256)],
         )  # fmt: skip
         write_result(lik, root / f"lik-{batch}.json")
@@ -74,9 +79,12 @@ def test_tables_read_the_results(tmp_path):
     assert ceiling.loc[512, "vanilla"] == "50.00 / 55.00"
     assert ceiling.loc[1024, "vanilla"].startswith("OOM in the MaxSim op (Tried to allocate 56.25 GiB; pre-OOM 100.00")
     times = tables.step_time_table(cells)
-    assert list(times[times["backend"] == "lik"]["speed vs vanilla"]) == ["1.12×", "1.12×", ""]  # no vanilla at 1024
+    speeds = list(times[times["backend"] == "lik"]["speed vs vanilla (95% interval)"])
+    assert speeds == ["1.12× faster (1.12–1.12)", "1.12× faster (1.12–1.12)", ""]  # no vanilla at 1024
     ops = tables.op_vram_table(calls)
-    assert ops[(ops["batch"] == 1024) & (ops["backend"] == "vanilla")]["held (MiB)"].item() == text.nowrap("OOM in replay")
+    assert ops[(ops["batch"] == 1024) & (ops["backend"] == "vanilla")]["held (MiB)"].item() == "OOM in replay"
+    vanilla_512 = ops[(ops["batch"] == 512) & (ops["backend"] == "vanilla")]
+    assert vanilla_512[tables.PREDICTED].item() == "400 " + text.nowrap("[0 / +400.00]")
     comparison = tables.published_comparison(cells, data.published("pylate", "grad-checkpoint"))
     row = comparison[(comparison["batch"] == 1024) & (comparison["backend"] == "vanilla")].iloc[0]
     assert row["published"] == "OOM (asked 56.25 GiB)" and row["ours"] == "OOM (Tried to allocate 56.25 GiB)"
@@ -196,7 +204,8 @@ def test_the_shared_gpu_check_sets_each_probe_beside_its_run_alone(tmp_path):
     assert check.loc[same, "GiB given on the shared GPU"] == "24.96"
     assert check.loc[same, "steps compared"] == 2
     assert prose.sharing_reading(checks) == (
-        "2 probes run again on a shared GPU, beside other probes, gave the same outcome and peaks for only 1 of them, "
+        "2 probes of one search (colpali · plain, vanilla, the whole H200, default allocator) run again on a shared "
+        "GPU, beside other probes, gave the same outcome and peaks for only 1 of them, "
         "as on a GPU they had alone. Their steady step times were 2.0× to 3.0× those they had alone, depending on "
         "what ran beside them.")  # fmt: skip
     assert prose.sharing_reading(data.shared_checks(tmp_path / "nothing")) == "No shared-GPU check has been committed yet."
@@ -233,6 +242,11 @@ def test_op_level_cells_give_a_speed_table_and_a_speedup_plot(tmp_path):
         spec = OpSpec(stack="op-pylate", head="inbatch", batch_size=batch, reps=4, warmup=1, rotate=2, query_length=6,
                       doc_length=10, device="cpu")  # fmt: skip
         vanilla = run_op_cell(spec, folder / f"b{batch}-vanilla.json", grid="op")
+        # times on the CPU are never the card's; marked as met (what a GPU cell alone on its host records),
+        # the table shows them
+        assert vanilla.timing is not None and not vanilla.timing.comparable
+        vanilla = vanilla.model_copy(update={"timing": vanilla.timing.model_copy(update={"comparable": True, "reason": None})})
+        write_result(vanilla, folder / f"b{batch}-vanilla.json")
         # a fused cell cannot run on the CPU: the same record relabelled, twice as fast, stands in for it
         lik = with_fields(vanilla.spec, variant="lik")
         fused = vanilla.model_copy(update={
@@ -246,6 +260,8 @@ def test_op_level_cells_give_a_speed_table_and_a_speedup_plot(tmp_path):
     assert len(table) == 4 and set(table["speedup vs vanilla"]) == {"", "2.00×"}
     assert all(table["held + bwd spike (MiB)"] != "")
     assert list(tables.op_speed_tables(ops)) == ["pylate · inbatch"]
+    untimed = ops.assign(times_comparable=False)  # measured before the timing rule: memory only
+    assert set(tables.op_speed_table(untimed)["median (ms)"]) == {""} and tables.timed(untimed).empty
     figure = plots.plot_op_speedup(ops, "op")
     assert len(figure.axes[0].lines) == 2  # the lik speedup line and the 1× reference
     assert figure.axes[0].lines[0].get_color() == style.colour("lik")
@@ -322,6 +338,8 @@ def test_no_table_built_from_the_committed_results_shows_nan_none_or_minus_zero(
         for _card, group in replays.groupby("card"):
             built.append(tables.op_vram_table(group))
         built.append(tables.published_comparison(mine, data.published(stack, regime)))
+        if not data.published_op(data.published(stack, regime)).empty:
+            built.append(tables.published_op_comparison(replays, data.published(stack, regime)))
     assert len(built) > 10
     for table in built:
         shown = [str(v) for v in table.to_numpy().ravel()] + [str(c) for c in table.columns]
@@ -329,10 +347,14 @@ def test_no_table_built_from_the_committed_results_shows_nan_none_or_minus_zero(
 
 
 def test_the_colqwen2_op_table_says_why_two_rows_of_one_batch_predict_different_memory():
-    _, calls = data.load()
+    cells, calls = data.load()
     sentence = prose.prediction_shapes(data.select(calls, "colpali", "plain"))
     assert sentence.startswith("**Why two rows of one batch predict different vanilla memory.**")
-    assert "at B=128 on 80 GB: vanilla's cell 1 call, the largest 52 × 771 tokens" in sentence
+    # the vanilla B=128 cell on the 80 GB card ran out of memory early: it recorded fewer calls than lik's
+    oom = cells.query("stack == 'colpali' and batch_size == 128 and backend == 'vanilla' and card == 'h100-80gb'").iloc[0]
+    assert oom["outcome"] == "oom"
+    count = int(oom["n_calls_in_train"])
+    assert f"at B=128 on 80 GB: vanilla's cell {count} call{'s' if count > 1 else ''}, the largest" in sentence
 
 
 def test_the_ceilings_figure_shows_every_search_that_ran_finished_or_not():
@@ -343,3 +365,71 @@ def test_the_ceilings_figure_shows_every_search_that_ran_finished_or_not():
     ranges = [line for line in figure.axes[0].lines if len(line.get_xdata()) == 2]
     assert len(ranges) == len([row for row in searches if row.fits or row.fails])
     assert sum(line.get_linestyle() == "--" for line in ranges) == len(running)
+
+
+HELD_OOM = ("CUDA out of memory. Tried to allocate {request}. GPU 0 has a total capacity of 139.80 GiB of which 62.35 GiB "
+            "is free. Including non-PyTorch memory, this process has 77.43 GiB memory in use. 78.43 GiB allowed; Of the "
+            "allocated memory 52.06 GiB is allocated by PyTorch, and 24.61 GiB is reserved by PyTorch but unallocated.")
+
+
+def test_an_oom_cell_is_marked_in_the_fragmentation_table_and_card_headings_say_the_h200(tmp_path):
+    from harness.report.display import card_heading
+
+    cells, _ = data.load(fixture_results(tmp_path / "results"))
+    table = tables.fragmentation_table(data.select(cells, "pylate", "grad-checkpoint"))
+    assert table.loc[1024, "vanilla"] == "10.00 (OOM)" and table.loc[512, "vanilla"] == "5.00"
+    assert card_heading("h100-80gb").startswith("**80 GB card (H100 profile)** — measured on an H200 whose allocator is "
+                                                "capped at 78.43 GiB")  # fmt: skip
+    assert card_heading("native") == "**141 GB card: the whole H200**, uncapped"
+
+
+def test_what_fails_first_and_why_is_read_from_the_results(tmp_path):
+    cells, _ = data.load(fixture_results(tmp_path / "results"))
+    assert prose.first_failures(cells) == [
+        "On the 80 GB card: vanilla first runs out of memory at B=1024 in the MaxSim op; lik trains every batch run "
+        "(up to 1024) — vanilla's score grid binds first: it fails in the op at a batch that lik trains."]
+    assert prose.peaks_compared(cells, "pylate", "grad-checkpoint", 512, ["vanilla", "lik"]) == (
+        "lik's step peak allocated is 22.50 GiB below vanilla's")
+    small = pd.Series({"oom_message": HELD_OOM.format(request="1.79 GiB")})
+    assert prose.oom_cause(small).startswith("the 1.79 GiB request failed while 24.61 GiB sat reserved but unallocated")
+    large = pd.Series({"oom_message": HELD_OOM.format(request="30.00 GiB")})
+    assert prose.oom_cause(large).startswith("the 30.00 GiB request was larger than the 24.61 GiB reserved but unallocated")
+    assert prose.oom_cause(pd.Series({"oom_message": OOM})) == ""  # the message does not say: no cause claimed
+
+
+def test_the_allocator_verdict_follows_the_probes():
+    def probe(allocator, seed, outcome):
+        return {"stack": "pylate", "regime": "grad-checkpoint", "backend": "vanilla", "card": "rtx4090-24gb",
+                "allocator": allocator, "batch_size": 256, "seed": seed, "outcome": outcome}  # fmt: skip
+
+    differ = pd.DataFrame([probe("default", 42, "oom"), *(probe("expandable", s, "ok") for s in (42, 43, 44))])
+    same = pd.DataFrame([probe("default", 42, "ok"), probe("expandable", 42, "ok")])
+    args = ("pylate", "grad-checkpoint", 256, "vanilla", "rtx4090-24gb")
+    decides = "at that batch the allocator setting alone decides whether vanilla scoring trains"
+    assert prose.allocator_verdict(differ, *args) == decides
+    unchanged = "at that batch the allocator setting does not change the outcome (it trains under both)"
+    assert prose.allocator_verdict(same, *args) == unchanged
+    assert prose.allocator_verdict(differ[differ["allocator"] == "default"], *args) == ""  # one setting not probed
+
+
+def test_the_published_op_figures_stay_apart_and_are_compared_with_ours(tmp_path):
+    for variant, held, spike in (("vanilla", 2509.0, 5645.0), ("lik", 4.0, 53.0)):
+        call = make_call(variant=variant, query_shape=[128, 52, 128], doc_shape=[128, 771, 128], saved_for_backward_mib=held,
+                         backward_transient_peak_mib=spike, forward_transient_peak_mib=held, predicted_grid_mib=2506.0,
+                         predicted_saved_for_backward_mib=2509.0)  # fmt: skip
+        write_result(make_result(stack="colpali", regime="plain", batch_size=128, variant=variant, card="h100-80gb",
+                                 maxsim_calls_isolated=[call]), tmp_path / f"{variant}.json")  # fmt: skip
+    _, calls = data.load(tmp_path)
+    published = data.published("colpali", "plain")
+    table = tables.published_op_comparison(calls, published).set_index(["batch", "backend", "run"])
+    assert list(table.columns) == ["query × doc tokens", "held", "backward spike", "total", "spike ÷ held"]
+    published_row, ours = table.loc[(128, "vanilla", "published")], table.loc[(128, "vanilla", "ours")]
+    assert [published_row[c] for c in ("held", "backward spike", "total", "spike ÷ held")] == [
+        text.nowrap("2.40 GiB"), text.nowrap("5.41 GiB"), text.nowrap("7.81 GiB"), "2.25×"]
+    assert [ours[c] for c in ("query × doc tokens", "held", "backward spike", "total", "spike ÷ held")] == [
+        text.nowrap("52 × 771"), text.nowrap("2.45 GiB"), text.nowrap("5.51 GiB"), text.nowrap("7.96 GiB"), "2.25×"]
+    assert table.loc[(64, "vanilla", "ours"), "total"] == "—"  # no cell of ours at 64
+    reading = prose.published_op_reading(calls, published)
+    assert "at B=128 the published figure is 2.40 GiB held + 5.41 GiB backward spike = 7.81 GiB, ours 2.45 GiB + " \
+           "5.51 GiB = 7.96 GiB (+2.0%)" in reading
+    assert "In both runs the backward spike is 2.25× the held memory" in reading

@@ -39,8 +39,11 @@ def cell_grids():
 
 
 def test_the_committed_grids_are_the_report_s():
-    assert set(grid_names()) == {"published", "ours", "op", "ceilings", "shared-gpu-check"}
-    assert set(cell_grids()) == {"published", "ours", "op"}
+    assert set(grid_names()) == {"published", "ours", "op", "ceilings", "shared-gpu-check", "repeat"}
+    assert set(cell_grids()) == {"published", "ours", "op", "repeat"}
+    # the repeat grid runs cells of the published grid again, with the same specs
+    published = {cell.cell_id: cell.spec for cell in load_grid(grid_names()["published"])}
+    assert all(published[cell.cell_id] == cell.spec for cell in load_grid(grid_names()["repeat"]))
     # the shared-GPU check is one search of the ceilings grid, run again under a grid name of its own
     (check,) = load_searches(grid_names()["shared-gpu-check"])
     twin = next(search for search in load_searches(grid_names()["ceilings"]) if search.search_id == check.search_id)
@@ -193,7 +196,7 @@ def test_a_train_spec_that_cannot_be_is_refused_in_one_line(fields, reason):
         (
             dict(stack="pylate", batch=4),
             "train cells have no field 'batch' (did you mean 'batch_size'?); they take allocator, batch_size, "
-            "card, data_source, device, model_source, preset, regime, score_mini_batch_size, seed, stack, "
+            "card, data_source, device, min_steady_steps, model_source, preset, regime, score_mini_batch_size, seed, stack, "
             "steps, variant, warmup_steps.",
         ),
         (

@@ -19,7 +19,7 @@ import nbformat
 import pytest
 import yaml
 
-from harness import cli, gpu_gate
+from harness import cli, gpu_gate, host
 from harness.grid import GridCell, GridError, load_grid
 from harness.orchestrate import launcher, pool
 from harness.orchestrate.launcher import Layout, describe_phases, set_aside, state
@@ -198,8 +198,14 @@ def test_op_cells_run_through_the_same_sweep_one_per_gpu_at_once(tmp_path, own_g
     cells = load_grid(write_grid(tmp_path / "op.yaml", entries, name="op-tiny", defaults=defaults))
     layout = Layout(tmp_path / "results", tmp_path / "cells")
     lines: list[str] = []
-    runs = run_sweep(cells, layout, gpus=["0", "1"], echo=lines.append)
+    pin = len(os.sched_getaffinity(0)) >= 2
+    runs = run_sweep(cells, layout, gpus=["0", "1"], echo=lines.append, pin_cpus=pin)
     assert sorted((r.cell.spec.batch_size, r.outcome) for r in runs) == [(2, "ok"), (3, "ok")]
+    if pin:  # each GPU's cells ran on their own cores: a neighbour on the other GPU never shared them
+        timings = [load_result(layout.result_path(cell)).timing for cell in cells]
+        assert all(t.pinned and t.neighbours_on_own_cpus == 0 for t in timings), timings
+        shares = pool.split_cpus(sorted(os.sched_getaffinity(0)), 2)
+        assert sorted(t.cpus for t in timings) == [host.cpu_ranges(list(share)) for share in shares]
     assert sorted(r.slot for r in runs) == ["0", "1"]
     first_finish = next(i for i, line in enumerate(lines) if line.startswith("[1/2]"))
     assert sum(line.strip().startswith("start") for line in lines[:first_finish]) == 2  # both running at once

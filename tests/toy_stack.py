@@ -15,6 +15,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -95,7 +96,7 @@ class ToyStack:
         self.specs.append(spec)
         torch.manual_seed(spec.seed)
         generator = torch.Generator().manual_seed(spec.seed)
-        n_rows = spec.batch_size * spec.steps
+        n_rows = spec.batch_size * spec.max_steps
         rows = [
             {
                 "query_ids": torch.randint(0, VOCAB, (QUERY_LENGTH,), generator=generator),
@@ -108,7 +109,7 @@ class ToyStack:
         head.oom_at_step = self.oom_in_head_at_step
         args = TrainingArguments(
             output_dir=scratch_output_dir("toy-trainer-"),
-            max_steps=spec.steps,
+            max_steps=spec.max_steps,
             per_device_train_batch_size=spec.batch_size,
             learning_rate=1e-3,
             use_cpu=device.type == "cpu",
@@ -130,6 +131,19 @@ class ToyStack:
             model_source="toy:random",
             data_source="toy:random-ids",
         )
+
+
+def first_batches(stack: str, batch_size: int, steps: int, seed: int, keys: Callable[[str], bool], n: int = 2) -> list:
+    """The first ``n`` batches a tiny CPU cell of ``stack`` would train on, drawn by the stack's own
+    trainer (its sampler, collator and dataset), as the lists of the batch entries ``keys`` selects."""
+    from harness.spec import make_spec
+    from harness.stacks import load_stack
+
+    spec = make_spec(dict(stack=stack, batch_size=batch_size, variant="vanilla", steps=steps, seed=seed, preset="tiny",
+                          device="cpu"))  # fmt: skip
+    loader = load_stack(stack).build(spec, torch.device("cpu")).trainer.get_train_dataloader()
+    drawn = [batch for batch, _ in zip(loader, range(n), strict=False)]
+    return [[batch[key].tolist() for key in sorted(batch) if keys(key)] for batch in drawn]
 
 
 def run_in_a_fresh_process(output: Path, env: dict[str, str], **spec_fields: object) -> subprocess.CompletedProcess[str]:

@@ -25,7 +25,8 @@ BOOK = ROOT / "book"
 HEADER = "# Generated from book/{name} by tools/book_config.py: edit that file, then run this tool.\n"
 ROOT_EXCLUDES = [
     ".*", ".venvs/*", "_build/*", "book/_build/*", "book/data/*", "book/_static/*", "envs/*", "harness/*", "notebooks/*",
-    "results/*", "runs/*", "tests/*", "tools/*", "wheelhouse/*", "README.md", "CHANGELOG.md",
+    "results/*", "runs/*", "tests/*", "tools/*", "wheelhouse/*", "device-results/*", "device-cells/*", "README.md",
+    "CHANGELOG.md",
 ]  # fmt: skip
 
 

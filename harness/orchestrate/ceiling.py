@@ -47,7 +47,7 @@ def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gat
 
 def run_searches(searches: Sequence[CeilingSearch], layout: Layout, gpus: Sequence[str] | None = None,
                  cells_per_gpu: int = 1, echo: Callable[[str], None] = print, rerun_crashed: bool = False,
-                 share_gib: Mapping[str | None, float] | None = None) -> list[Ceiling]:  # fmt: skip
+                 share_gib: Mapping[str | None, float] | None = None, pin_cpus: bool = False) -> list[Ceiling]:  # fmt: skip
     """Run searches side by side: ``cells_per_gpu`` searches per GPU (one without GPUs). Where
     ``share_gib`` gives a GPU's memory, as many probes measure on it at once as their card caps fit
     (:mod:`harness.gpu_gate`). Returns one Ceiling per search, in order; a search that raised is
@@ -67,7 +67,7 @@ def run_searches(searches: Sequence[CeilingSearch], layout: Layout, gpus: Sequen
             ceilings[index] = Ceiling(stopped=f"{type(error).__name__}: {error}")
         say(f"[{time.perf_counter() - started:.0f}s] {describe(searches[index], ceilings[index] or Ceiling())}")
 
-    run_on_gpus(len(searches), run, gpus, cells_per_gpu, share_gib)
+    run_on_gpus(len(searches), run, gpus, cells_per_gpu, share_gib, pin_cpus)
     return [ceiling or Ceiling(stopped="never started") for ceiling in ceilings]
 
 

@@ -22,7 +22,7 @@ from typing import Literal
 import nbformat
 import yaml
 
-from harness import allocator
+from harness import allocator, host
 from harness.grid import GridCell
 from harness.orchestrate.pool import Gate, cell_environment
 from harness.results import CellResult, Failure, ResultError, load_result, write_result
@@ -127,8 +127,12 @@ def launch(cell: GridCell, layout: Layout, gpu: str | None, gate: Gate | None = 
         command += ["-y", yaml.safe_dump({key: value}, default_flow_style=True).strip()]
     env = allocator.environment_for(spec.allocator, cell_environment(gpu, os.environ))
     env["JUPYTER_PATH"] = jupyter_path(env)
+    pinned = gate.cpus if gate is not None else None
     if gate is not None:
         env.update(gate.environment())
+    if pinned:  # the cell pins itself as it starts (harness.host.enter); its dataloader workers inherit the cores
+        env[host.PINNED_VARIABLE] = host.cpu_ranges(list(pinned))
+        env["OMP_NUM_THREADS"] = str(len(pinned))
     result_path.unlink(missing_ok=True)  # a stale crash marker must not pass for this run's result
     started = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:

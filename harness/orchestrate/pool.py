@@ -23,10 +23,12 @@ from harness import gpu_gate
 
 @dataclasses.dataclass(frozen=True)
 class Gate:
-    """A GPU's gate: its lock file, and the GiB its cells may share (None: each cell measures alone)."""
+    """A GPU's gate: its lock file, the GiB its cells may share (None: each cell measures alone),
+    and the CPU cores its cells are pinned to (None: not pinned)."""
 
     path: Path
     share_gib: float | None = None
+    cpus: tuple[int, ...] | None = None
 
     def environment(self) -> dict[str, str]:
         env = {gpu_gate.LOCK_VARIABLE: str(self.path)}
@@ -56,12 +58,30 @@ def gate_path(gpu: str | None) -> Path:
     return folder / f"maxsim-gpu-{gpu}.gate"
 
 
+def split_cpus(cpus: Sequence[int], parts: int) -> list[tuple[int, ...]]:
+    """``cpus`` in ``parts`` disjoint contiguous shares, as equal as they divide (the first ones
+    larger); ValueError when there are fewer cores than shares."""
+    cpus = sorted(cpus)
+    if parts > len(cpus):
+        raise ValueError(f"cannot pin {parts} GPUs' cells to disjoint CPU cores: this process may use {len(cpus)}")
+    size, extra = divmod(len(cpus), parts)
+    shares, start = [], 0
+    for index in range(parts):
+        end = start + size + (index < extra)
+        shares.append(tuple(cpus[start:end]))
+        start = end
+    return shares
+
+
 def run_on_gpus(count: int, task: Callable[[int, str | None, Gate], None], gpus: Sequence[str] | None,
-                cells_per_gpu: int = 1, share_gib: Mapping[str | None, float] | None = None) -> None:  # fmt: skip
+                cells_per_gpu: int = 1, share_gib: Mapping[str | None, float] | None = None,
+                pin_cpus: bool = False) -> None:  # fmt: skip
     """Call ``task(index, gpu, gate)`` once for every index below ``count``, taken in order by
     ``cells_per_gpu`` workers per GPU (without GPUs: that many workers on the default one). A GPU's
     workers share its gate, so their cells measure one at a time — or, where ``share_gib`` gives
-    that GPU's memory, as many at once as their card caps fit in it."""
+    that GPU's memory, as many at once as their card caps fit in it. With ``pin_cpus`` each GPU's
+    cells run on their own share of this process's CPU cores (:func:`split_cpus`), so cells on
+    different GPUs never compete for a core (the timing rule, :mod:`harness.host`)."""
     if cells_per_gpu < 1:
         raise ValueError(f"cells_per_gpu must be at least 1, got {cells_per_gpu}")
     work: queue.Queue[int] = queue.Queue()
@@ -77,7 +97,8 @@ def run_on_gpus(count: int, task: Callable[[int, str | None, Gate], None], gpus:
             task(index, slot, gate)
 
     slots: list[str | None] = list(gpus) if gpus else [None]
-    gates = {slot: Gate(gate_path(slot), (share_gib or {}).get(slot)) for slot in slots}
+    shares = split_cpus(sorted(os.sched_getaffinity(0)), len(slots)) if pin_cpus else [None] * len(slots)
+    gates = {slot: Gate(gate_path(slot), (share_gib or {}).get(slot), cpus) for slot, cpus in zip(slots, shares, strict=True)}
     threads = [threading.Thread(target=worker, args=(slot, gates[slot])) for slot in slots for _ in range(cells_per_gpu)]
     for thread in threads:
         thread.start()

@@ -22,7 +22,7 @@ from harness.spec import STACKS
 
 
 def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | None = None, rerun_crashed: bool = False,
-              echo: Callable[[str], None] = print, cells_per_gpu: int = 1) -> list[CellRun]:  # fmt: skip
+              echo: Callable[[str], None] = print, cells_per_gpu: int = 1, pin_cpus: bool = False) -> list[CellRun]:  # fmt: skip
     """Run every cell that needs it: ``cells_per_gpu`` workers per GPU (or on the default one),
     whose cells start up together but measure one at a time (:mod:`harness.gpu_gate`)."""
     todo = []
@@ -53,7 +53,7 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
             echo(f"[{len(runs)}/{len(todo)}] {cell.cell_id}: {done.outcome} in {done.seconds:.0f}s"
                  f" (elapsed {time.perf_counter() - started:.0f}s{phases}){detail}")  # fmt: skip
 
-    run_on_gpus(len(todo), run, gpus, cells_per_gpu)
+    run_on_gpus(len(todo), run, gpus, cells_per_gpu, pin_cpus=pin_cpus)
     echo(summary(cells, layout, time.perf_counter() - started))
     return runs
 

@@ -30,10 +30,15 @@ from harness.results import CellResult, Skipped, default_results_dir, frame_of, 
 from harness.search import Ceiling, CeilingSearch, Probes, load_searches, search_state
 from harness.spec import CARDS
 
+PUBLISHED_GRID = "published"  # grids/published.yaml
+REPEAT = "repeat"  # grids/repeat.yaml: published-grid cells run again, for the repeatability of step times
 SHARED_CHECK = "shared-gpu-check"  # grids/shared-gpu-check.yaml: a ceiling search run again on a shared GPU
 CEILINGS = "ceilings"  # the grid of the ceiling searches' probes
 CEILINGS_GRID = ROOT / "grids" / "ceilings.yaml"
 PUBLISHED = ROOT / "book" / "data" / "published.csv"
+# tools/investigate_lik_spike.py's record of its run on an H200: why an op cell's first lik backward
+# read 230–250 MiB more than the same call tuned
+LIK_SPIKE = ROOT / "book" / "data" / "lik_spike_investigation.json"
 GIB_PER_MIB = 1 / 1024
 
 Item = tuple[Path, CellResult]
@@ -98,9 +103,11 @@ def with_backend(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def load(source: Source = None, leave_out: tuple[str, ...] = (CEILINGS, SHARED_CHECK)) -> tuple[pd.DataFrame, pd.DataFrame]:
+def load(source: Source = None,
+         leave_out: tuple[str, ...] = (CEILINGS, SHARED_CHECK, REPEAT)) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
     """(cells, isolated calls) with a ``backend`` column, of every report grid but ``leave_out``:
-    ceiling probes have their own page, and the shared-GPU check its own table."""
+    ceiling probes have their own page, the shared-GPU check its own table, and the repeated cells
+    their twins in the published grid (:func:`repeats`)."""
     chosen = results_of(source).excluding(*leave_out)
     cells = with_backend(frame_of(chosen))
     calls = with_backend(frame_of(chosen, level="calls"))
@@ -149,10 +156,30 @@ def op_level(cells: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     return ops
 
 
+# The published op memory of a cell, in MiB (the published tables print GiB above 1 GiB, MiB below; a
+# GiB figure is stored × 1024): forward transient, held for backward, the backward spike on top of
+# what is held, and held + spike. Held, spike and total are three figures, never one for another.
+PUBLISHED_OP = {
+    "op_forward_transient_mib": "forward transient",
+    "op_held_mib": "held",
+    "op_backward_spike_mib": "backward spike",
+    "op_total_mib": "total",
+}
+
+
 def published(stack: str, regime: str) -> pd.DataFrame:
-    """The published measurements of one stack and regime (``book/data/published.csv``)."""
+    """The published measurements of one stack and regime (``book/data/published.csv``): a cell's
+    outcome, step peaks and time, and, where the published text gives them, its op memory
+    (:data:`PUBLISHED_OP`). ``step_sec``: the published seconds per step, or the batch over the
+    published samples per second where only that is given."""
     frame = pd.read_csv(PUBLISHED)
+    frame["step_sec"] = frame["steady_step_time_sec"].fillna(frame["batch_size"] / frame["samples_per_sec"])
     return frame[(frame["stack"] == stack) & (frame["regime"] == regime)]
+
+
+def published_op(published: pd.DataFrame) -> pd.DataFrame:
+    """The published cells (rows of :func:`published`) that give any op memory figure."""
+    return published[published[list(PUBLISHED_OP)].notna().any(axis=1)] if not published.empty else published
 
 
 # ---- ceiling probes and searches -----------------------------------------------------------------
@@ -325,6 +352,38 @@ def shared_checks(source: Source = None) -> list[SharedCheck]:
     return [SharedCheck(result, alone[result.cell_id]) for result in shared if result.cell_id in alone]
 
 
+def query_lengths(source: Source = None, stack: str = "colpali") -> pd.DataFrame:
+    """Each recorded training step's padded query length, one row per (cell, step): the batch, the
+    tokens, and which draw of the synthetic data it came from (``stream``: one stream per seed;
+    ``rows``: the batch × steps rows drawn before it, which every cell of a seed shared)."""
+    rows = []
+    for _, result in results_of(source).found:
+        draw = result.data_draw
+        if result.stack != stack or result.kind != "train" or draw is None:
+            continue
+        seen = set()
+        for call in result.maxsim_calls_in_train:
+            if call.step is None or call.step in seen:
+                continue
+            seen.add(call.step)
+            rows.append({"cell_id": result.cell_id, "grid": result.grid, "batch_size": result.batch_size, "draw": draw,
+                         "seed": result.seed, "step": call.step, "query_tokens": call.query_shape[1]})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def repeats(source: Source = None) -> list[tuple[CellResult, CellResult]]:
+    """(published-grid result, the same cell run again in the repeat grid) for every repeated cell
+    whose twin exists with the same spec, in the repeat grid's path order."""
+    results = results_of(source)
+    first = results.by_id(PUBLISHED_GRID)
+    pairs = []
+    for _, again in results.of(REPEAT):
+        twin = first.get(again.cell_id)
+        if twin is not None and twin.spec == again.spec:
+            pairs.append((twin, again))
+    return pairs
+
+
 # ---- the check `make report` runs ----------------------------------------------------------------
 
 
@@ -358,3 +417,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def lik_spike(path: Path = LIK_SPIKE) -> list[dict[str, object]]:
+    """The lik backward-spike experiments (:data:`LIK_SPIKE`), one dict each: the experiment, the
+    batch, the first and repeated backward spikes (MiB), the kernels that autotuned inside the
+    first one's bracket, and the prediction from what was live plus Triton's 256 MiB flush buffer."""
+    import json
+
+    if not path.exists():
+        return []
+    return [row for row in json.loads(path.read_text())["summary"] if row.get("error") is None]

@@ -41,10 +41,17 @@ def bullets(lines: list[str]) -> None:
 
 
 def card_heading(card: str, allocator: str = "default") -> str:
-    """The heading of one card's tables: '**Card: h100-80gb** — NVIDIA H100 …', with a non-default allocator."""
-    described = f" — {CARDS[card].description}" if card in CARDS else ""
+    """The heading of one card's tables, saying where the numbers were measured (an emulated card is a capped
+    H200): '**80 GB card (H100 profile)** — measured on an H200 whose allocator is capped at 78.43 GiB, …'."""
+    profile = CARDS.get(card)
     allocated = "" if allocator == "default" else f" · allocator: {allocator}"
-    return f"**Card: {card}**{described}{allocated}"
+    if profile is None or profile.nominal_gb is None:
+        return f"**Card: {card}**{allocated}"
+    if profile.usable_gib is None:
+        return f"**{profile.nominal_gb} GB card: the whole H200**, uncapped{allocated}"
+    model = card.split("-")[0].upper()
+    return (f"**{profile.nominal_gb} GB card ({model} profile)** — measured on an H200 whose allocator is capped at "
+            f"{profile.usable_gib:.2f} GiB, what PyTorch can use on such a card (see the methodology){allocated}")  # fmt: skip
 
 
 def per_card(frame: pd.DataFrame, *renderers: Callable[[pd.DataFrame], pd.DataFrame | Figure]) -> None:

@@ -207,7 +207,7 @@ def plot_ceiling_bars(searches: Sequence[SearchRow], title: str) -> Figure:
 def plot_op_speedup(ops: pd.DataFrame, title: str) -> Figure:
     """Fused speedup over vanilla vs batch size: one panel per head, a line per backend × negatives
     (the backend's colour, a line style per number of negatives)."""
-    done = ops[ops["outcome"] == "ok"]
+    done = ops[(ops["outcome"] == "ok") & ops["times_comparable"].astype(bool)]  # times under the timing rule only
     heads = list(dict.fromkeys(zip(done["stack"], done["regime"], strict=True)))
     columns = min(len(heads), 2) or 1
     rows = -(-len(heads) // columns) or 1

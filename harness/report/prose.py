@@ -6,11 +6,35 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from harness.report import style
-from harness.report.data import GIB_PER_MIB, SearchRow, SharedCheck, find_search, finished, group_by, matching, probes_of
-from harness.report.tables import call_tokens, largest_call
-from harness.report.text import card_label, card_short, ceiling_text, cell_words, failed_request, missing
-from harness.results import Skipped
+from harness.report import style, timing
+from harness.report.data import (
+    GIB_PER_MIB,
+    SearchRow,
+    SharedCheck,
+    backend_label,
+    find_search,
+    finished,
+    group_by,
+    matching,
+    probes_of,
+    published_op,
+)
+from harness.report.tables import call_tokens, largest_call, timed
+from harness.report.text import (
+    as_published,
+    card_label,
+    card_short,
+    cards_in_order,
+    ceiling_text,
+    cell_words,
+    failed_request,
+    missing,
+    oom_held_mib,
+    percent,
+    requested_mib,
+)
+from harness.results import CellResult, Skipped
+from harness.spec import CARDS
 
 # ---- measured cells ------------------------------------------------------------------------------
 
@@ -188,12 +212,46 @@ def sharing_reading(checks: Sequence[SharedCheck]) -> str:
     same = sum(check.identical for check in checks)
     verdict = "the same outcome and the same peaks to the byte, step by step," if same == len(checks) else (
         f"the same outcome and peaks for only {same} of them,")  # fmt: skip
-    text = f"{len(checks)} probes run again on a shared GPU, beside other probes, gave {verdict} as on a GPU they had alone."
+    searches = "; ".join(sorted(_search_words(check) for check in {_search_key(check): check for check in checks}.values()))
+    text = (f"{len(checks)} probes of {searches} run again on a shared GPU, beside other probes, gave {verdict} as on "
+            "a GPU they had alone.")  # fmt: skip
     slowdown = [check.slowdown for check in checks if check.slowdown is not None]
     if slowdown:
         text += (f" Their steady step times were {min(slowdown):.1f}× to {max(slowdown):.1f}× those they had alone, "
                  "depending on what ran beside them.")  # fmt: skip
     return text
+
+
+def _search_key(check: SharedCheck) -> tuple[str, str, str, str, str]:
+    spec = check.shared.spec
+    return (spec.stack, spec.regime, backend_label(spec.variant, spec.score_mini_batch_size), spec.card, spec.allocator)
+
+
+def _search_words(check: SharedCheck) -> str:
+    stack, regime, backend, card, allocator = _search_key(check)
+    where = "the whole H200" if CARDS.get(card) and CARDS[card].usable_gib is None else f"the {card_short(card)} card"
+    return f"one search ({stack} · {regime}, {backend}, {where}, {allocator} allocator)"
+
+
+def sharing_coverage(checks: Sequence[SharedCheck], probes: pd.DataFrame) -> str:
+    """What the shared-GPU check does not cover, in words: the committed probes run on a shared GPU whose
+    stack, regime and backend no check probe has (counted per stack and backend) — for them no committed
+    result sets a shared run beside the same probe run alone."""
+    if probes.empty or not checks:
+        return ""
+    covered = set(map(_search_key, checks))
+    shared = probes[probes["gpu_share_gib"].notna()]
+    keys = list(zip(shared["stack"], shared["regime"], shared["backend"], shared["card"], shared["allocator"], strict=True))
+    other = shared[[key not in covered for key in keys]]
+    if other.empty:
+        return "Every probe run on a shared GPU belongs to a search the check covers."
+    sizes = other.groupby(["stack", "regime", "backend"]).size()
+    counts = ", ".join(f"{' · '.join(map(str, key[:2]))} {key[2]} ({count})"
+                       for key, count in zip(sizes.index.tolist(), sizes.tolist(), strict=True))  # fmt: skip
+    share = f"All {len(shared)}" if len(other) == len(shared) else f"{len(other)} of the {len(shared)}"
+    return (f"The check covers that search only. {share} ceiling-search probes run on a shared GPU belong to other "
+            f"searches — {counts} — and no committed result sets any of them beside the same probe run alone: for "
+            "them, that sharing changed nothing is not measured.")  # fmt: skip
 
 
 def shared_probe_count(probes: pd.DataFrame) -> str:
@@ -274,3 +332,547 @@ def prediction_shapes(calls: pd.DataFrame) -> str:
             "fewer steps (e.g. one that ran out of memory) may not have met the longest draw. Calls recorded, "
             + "; ".join(parts) + f". At the other {same} batch and card pairs every backend's largest call has "
             "the same shape, and the rows agree.")  # fmt: skip
+
+
+def _default(frame: pd.DataFrame, **values: object) -> pd.DataFrame:
+    """The rows of ``frame`` under the default allocator whose columns equal ``values``; an empty frame as it is."""
+    return frame if frame.empty else matching(frame, allocator="default", **values)
+
+
+# ---- the causes an out-of-memory message names --------------------------------------------------
+
+
+def oom_cause(row: pd.Series) -> str:
+    """Why a cell's request failed, read from its OOM message: smaller than the memory reserved but
+    unallocated (no free block was large enough: fragmentation), or not; empty where the message does
+    not say."""
+    request, held = requested_mib(row["oom_message"]), oom_held_mib(row["oom_message"])
+    if request is None or held is None:
+        return ""
+    unallocated = held[1] * GIB_PER_MIB
+    if request <= held[1]:
+        return (f"the {request * GIB_PER_MIB:.2f} GiB request failed while {unallocated:.2f} GiB sat reserved but "
+                "unallocated: no free block was large enough (fragmentation), though the memory was there")  # fmt: skip
+    return (f"the {request * GIB_PER_MIB:.2f} GiB request was larger than the {unallocated:.2f} GiB reserved but "
+            "unallocated, and the cap let no more be reserved")  # fmt: skip
+
+
+# ---- a grid cell beside the ceiling probes of its batch ------------------------------------------
+
+
+def _grid_cell(cells: pd.DataFrame, stack: str, regime: str, batch: int, backend: str, card: str) -> pd.Series | None:
+    if cells.empty:
+        return None
+    row = matching(cells, stack=stack, regime=regime, batch_size=batch, backend=backend, card=card, allocator="default")
+    return None if row.empty else row.iloc[0]
+
+
+def _cell_reading(row: pd.Series) -> str:
+    """A grid cell in words: 'trains (54.38 GiB · 7.98 s/step)' or its OOM with where, when and why."""
+    if row["outcome"] == "ok":
+        return f"trains all {max(row['steps'], row['n_steps_done'])} steps ({cell_words(row)})"
+    if row["outcome"] != "oom":
+        return str(row["outcome"])
+    cause = oom_cause(row)
+    return _oom_words(row) + (f"; {cause}" if cause else "")
+
+
+def grid_and_probes(cells: pd.DataFrame, probes: pd.DataFrame, stack: str, regime: str, batch: int, backend: str,
+                    card: str) -> str:  # fmt: skip
+    """One batch of one backend on one card, as the grid cell and the ceiling search's probes measured it,
+    in words — and, where they disagree (one trains the batch, another runs out of memory), that they
+    do: neither result alone then settles whether the batch fits."""
+    row = _grid_cell(cells, stack, regime, batch, backend, card)
+    chosen = probes_of(probes, stack, regime, batch, backend, card) if not probes.empty else probes
+    if row is None and chosen.empty:
+        return "not measured yet"
+    parts = []
+    if row is not None:
+        parts.append(f"The grid cell (seed {row['seed']}) {_cell_reading(row)}")
+    if not chosen.empty:
+        parts.append(f"The ceiling search's {chosen['steps'].max()}-step probes of B={batch}: "
+                     + "; ".join(probe_seeds(probes, stack, regime, batch, backend, card)))  # fmt: skip
+    outcomes = set(chosen["outcome"]) | ({row["outcome"]} if row is not None else set())
+    draws = set(chosen["data_draw"].dropna()) | ({row["data_draw"]} if row is not None and row["data_draw"] else set())
+    if len(draws) > 1:
+        parts.append("They did not train the same batches: some drew theirs from the seed's one stream, the others "
+                     "from the per-cell draw that preceded it (batch × steps rows)")  # fmt: skip
+    if {"ok", "oom"} <= outcomes:
+        parts.append("These committed runs of the same batch, backend and card disagree — one trains it, another runs "
+                     "out of memory — so neither alone settles whether it fits")  # fmt: skip
+    return ". ".join(parts) + "."
+
+
+# ---- how far a batch goes on one card ------------------------------------------------------------
+
+
+def _grid_reach(cells: pd.DataFrame, stack: str, regime: str, backend: str, card: str) -> str:
+    mine = _default(cells, stack=stack, regime=regime, backend=backend, card=card)
+    if mine.empty:
+        return ""
+    mine = mine.sort_values("batch_size")
+    failed = mine[mine["outcome"] != "ok"]
+    if failed.empty:
+        return f"{backend} trains every batch run, up to {mine['batch_size'].max()}"
+    first = failed.iloc[0]
+    trained = mine[(mine["outcome"] == "ok") & (mine["batch_size"] < first["batch_size"])]
+    where = {"maxsim": "in the MaxSim op", "elsewhere": "outside the op"}.get(str(first["oom_where"]), "")
+    below = f"trains up to {trained['batch_size'].max()} and " if not trained.empty else ""
+    return f"{backend} {below}runs out of memory at {first['batch_size']}" + (f" ({where})" if where else "")
+
+
+def _peak_spread(cells: pd.DataFrame, stack: str, regime: str, card: str, backends: Sequence[str]) -> tuple[float, int] | None:
+    """The largest difference of step peak allocated (MiB) between ``backends`` over the batches all of
+    them trained on one card, and how many batches that is; None where they trained none together."""
+    if cells.empty:
+        return None
+    mine = matching(cells, stack=stack, regime=regime, card=card, allocator="default")
+    mine = mine[mine["backend"].isin(backends) & (mine["outcome"] == "ok")]
+    together = mine.groupby("batch_size").filter(lambda group: set(group["backend"]) >= set(backends))
+    if together.empty:
+        return None
+    spread = together.groupby("batch_size")["step_peak_alloc_mib"].agg(lambda peaks: peaks.max() - peaks.min())
+    return float(spread.max()), len(spread)
+
+
+def peaks_compared(cells: pd.DataFrame, stack: str, regime: str, batch: int, backends: Sequence[str],
+                   card: str = "h100-80gb") -> str:  # fmt: skip
+    """Whether ``backends`` reach the same step peak allocated at one batch, in words: equal (to within
+    1 MiB) means the op's extra memory is not live at the step's peak."""
+    chosen = _default(cells, stack=stack, regime=regime, batch_size=batch, card=card)
+    chosen = chosen[chosen["backend"].isin(backends) & (chosen["outcome"] == "ok")] if not chosen.empty else chosen
+    if chosen.empty or chosen["backend"].nunique() < len(backends):
+        return ""
+    peaks = chosen.set_index("backend")["step_peak_alloc_mib"]
+    spread = float(peaks.max() - peaks.min())
+    if spread < 1:
+        return "equal step peaks allocated (to within 1 MiB): the op's extra memory is not live at the step's peak"
+    return f"{peaks.idxmin()}'s step peak allocated is {spread * GIB_PER_MIB:.2f} GiB below {peaks.idxmax()}'s"
+
+
+def batch_reach(cells: pd.DataFrame, searches: Sequence[SearchRow], probes: pd.DataFrame, stack: str, regime: str,
+                card: str, backends: Sequence[str] = ("vanilla", "lik")) -> str:  # fmt: skip
+    """How far each backend's batch goes on one card: in the grid cells (a few steps, one seed), in the
+    ceiling searches (8 steps, every seed, with the batches that ran out of memory), whether the two
+    disagree, and — from the searches — whether vanilla scoring stops at a batch the fused backend trains."""
+    sentences = []
+    grid = [reach for backend in backends if (reach := _grid_reach(cells, stack, regime, backend, card))]
+    if grid:
+        steps = int(matching(cells, stack=stack, regime=regime, card=card)["steps"].max())
+        text = f"In the {steps}-step grid cells, " + "; ".join(grid)
+        spread = _peak_spread(cells, stack, regime, card, backends)
+        if spread is not None and spread[1] > 1:
+            size = f"{spread[0]:.1f} MiB" if spread[0] < 1024 else f"{spread[0] * GIB_PER_MIB:.2f} GiB"
+            text += f", with step peaks allocated within {size} of each other at the {spread[1]} batches both trained"
+        sentences.append(text)
+    rows = {backend: find_search(searches, stack, regime, backend, card) for backend in backends}
+    searched = []
+    for backend, row in rows.items():
+        if row is None or row.probes == 0:
+            continue
+        failed = _default(probes, stack=stack, regime=regime, backend=backend, card=card, outcome="oom")
+        ceiling, notes = ceiling_text(row), []
+        if ceiling.endswith(" (searching)"):
+            ceiling, notes = ceiling.removesuffix(" (searching)"), ["searching"]
+        if not failed.empty:
+            batches = [str(b) for b in sorted({int(b) for b in failed["batch_size"]})]
+            where = {"maxsim": "in the MaxSim op", "elsewhere": "outside the op"}
+            places = sorted({where.get(str(w), "") for w in failed["oom_where"]} - {""})
+            listed = batches[0] if len(batches) == 1 else f"{', '.join(batches[:-1])} and {batches[-1]}"
+            notes.append(f"B={listed} ran out of memory" + (f" {' and '.join(places)}" if places else ""))
+        searched.append(f"{backend} {ceiling}" + (f" ({'; '.join(notes)})" if notes else ""))
+    if searched:
+        plan = next(row for row in rows.values() if row is not None and row.probes > 0).search
+        sentences.append(f"The ceiling searches ({plan.steps} steps, {len(plan.seeds)} seeds): " + "; ".join(searched))
+    disagree = [f"{backend} at B={batch}" for backend in backends
+                for batch in _disputed(cells, probes, stack, regime, backend, card)]  # fmt: skip
+    if disagree:
+        sentences.append("The grid cell and the search's probes disagree about " + ", ".join(disagree)
+                         + ": one trains the batch, another runs out of memory")  # fmt: skip
+    vanilla, fused = rows.get("vanilla"), [rows[b] for b in backends if b != "vanilla" and rows.get(b) is not None]
+    if vanilla is not None and fused:
+        trained = [(row.backend, row.fits) for row in fused if row is not None and row.fits is not None]
+        if vanilla.fails is not None and any(fits >= vanilla.fails for _, fits in trained):
+            backend, fits = max(trained, key=lambda item: item[1])
+            sentences.append(f"So on this card vanilla scoring fails at a batch that {backend} trains (B={fits}): with "
+                             "the same encoder, the scoring backend decides how far the batch goes")  # fmt: skip
+        elif vanilla.settled is not None and all(row is not None and row.settled == vanilla.settled for row in fused):
+            sentences.append("Both stop at the same batch: the encoder, not the score grid, decides how far the batch goes")
+        else:
+            sentences.append("The searches have not yet separated the backends on this card")
+    return ". ".join(sentences) + "." if sentences else "not measured yet"
+
+
+def _disputed(cells: pd.DataFrame, probes: pd.DataFrame, stack: str, regime: str, backend: str, card: str) -> list[int]:
+    """Batches of one backend and card where a grid cell and a ceiling probe disagree (one trained, one ran out of memory)."""
+    if cells.empty or probes.empty:
+        return []
+    grid = matching(cells, stack=stack, regime=regime, backend=backend, card=card, allocator="default")
+    disputed = []
+    for _, row in grid.iterrows():
+        chosen = probes_of(probes, stack, regime, int(row["batch_size"]), backend, card)
+        if {"ok", "oom"} <= set(chosen["outcome"]) | {row["outcome"]}:
+            disputed.append(int(row["batch_size"]))
+    return sorted(disputed)
+
+
+def allocator_verdict(probes: pd.DataFrame, stack: str, regime: str, batch: int, backend: str, card: str) -> str:
+    """Whether the allocator setting changes the outcome of one batch's probes, in words: the batch trains
+    (every seed) under one setting and runs out of memory under the other, or the two agree."""
+    outcomes = {}
+    for allocator in ("default", "expandable"):
+        chosen = probes_of(probes, stack, regime, batch, backend, card, allocator) if not probes.empty else probes
+        if chosen.empty:
+            return ""
+        failed, trained = (chosen["outcome"] == "oom").any(), (chosen["outcome"] == "ok").all()
+        outcomes[allocator] = "fails" if failed else "trains" if trained else None
+    if None in outcomes.values():
+        return ""
+    if outcomes["default"] != outcomes["expandable"]:
+        return f"at that batch the allocator setting alone decides whether {backend} scoring trains"
+    return f"at that batch the allocator setting does not change the outcome (it {outcomes['default']} under both)"
+
+
+# ---- beside the published numbers ----------------------------------------------------------------
+
+
+def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
+    """How our cells compare with the published ones (:func:`harness.report.data.published`): the step
+    peaks where both trained (the table's Δ column), the outcomes, and the step times, in words."""
+    if published.empty:
+        return ""
+    deltas, times, agree, differ = [], [], 0, []
+    for _, ref in published.iterrows():
+        backend = backend_label(ref["variant"], ref["score_mini_batch_size"])
+        ours = _default(cells, batch_size=ref["batch_size"], backend=backend, card=ref["card"])
+        if ours.empty:
+            continue
+        mine = ours.iloc[0]
+        if mine["outcome"] == ref["outcome"]:
+            agree += 1
+        else:
+            theirs = "trained" if ref["outcome"] == "ok" else "ran out of memory"
+            ours_word = {"ok": "trained", "oom": "ran out of memory"}.get(str(mine["outcome"]), str(mine["outcome"]))
+            differ.append(f"B={ref['batch_size']} {backend} ({theirs} in the published run, {ours_word} in ours)")
+        if mine["outcome"] == ref["outcome"] == "ok":
+            if not pd.isna(ref["step_peak_alloc_gib"]):
+                ours_gib = mine["step_peak_alloc_mib"] * GIB_PER_MIB
+                deltas.append(100 * (ours_gib - ref["step_peak_alloc_gib"]) / ref["step_peak_alloc_gib"])
+            if not pd.isna(ref["steady_step_time_sec"]) and not timed(ours.iloc[:1]).empty:
+                times.append(mine["steady_step_time_sec"] / ref["steady_step_time_sec"])
+    compared = agree + len(differ)
+    if not compared:
+        return ""
+    sentences = []
+    if deltas:
+        low, high = min(deltas), max(deltas)
+        if max(abs(low), abs(high)) < 0.05:
+            sentences.append(f"Where both runs trained ({len(deltas)} cells), our step peak allocated equals the published "
+                             "one to the hundredth of a GiB (the Δ column)")  # fmt: skip
+        else:
+            span = percent(low) if percent(low) == percent(high) else f"{percent(low)} to {percent(high)}"
+            sentences.append(f"Where both runs trained ({len(deltas)} cells), our step peak allocated is {span} off the "
+                             "published one (the Δ column)")  # fmt: skip
+    else:
+        sentences.append("The published run gives no step peak for a cell that trained here, only outcomes, so there is "
+                         "no peak to compare")  # fmt: skip
+    if differ:
+        sentences.append(f"The outcome agrees at {agree} of the {compared} published cells; it differs at " + "; ".join(differ))
+    else:
+        sentences.append(f"The outcome (trained or out of memory) agrees at all {compared} published cells")
+    if times:
+        span = f"{min(times):.2f}×" if f"{min(times):.2f}" == f"{max(times):.2f}" else f"{min(times):.2f}–{max(times):.2f}×"
+        sentences.append(f"Our steady step times are {span} the published ones ({len(times)} cells): the H200 is not the "
+                         "H100, so compare backends within one run, not across the two")  # fmt: skip
+    return ". ".join(sentences) + "."
+
+
+def published_op_reading(calls: pd.DataFrame, published: pd.DataFrame, backend: str = "vanilla") -> str:
+    """The published op figures of one backend that split held and backward spike (:data:`PUBLISHED_OP`),
+    beside our replays of the same cells, in words: each total, and whether the backward spike stands to
+    the held memory in the same ratio in both runs (the same op, on a grid of another size)."""
+    parts, ratios, tokens = [], [], []
+    for _, ref in published_op(published).iterrows():
+        if backend_label(ref["variant"], ref["score_mini_batch_size"]) != backend:
+            continue
+        if any(pd.isna(ref[c]) for c in ("op_held_mib", "op_backward_spike_mib", "op_total_mib")) or calls.empty:
+            continue
+        mine = calls[(calls["batch_size"] == ref["batch_size"]) & (calls["backend"] == backend) & (calls["card"] == ref["card"])
+                     & ~calls["oom_in_replay"].astype(bool)]  # fmt: skip
+        if mine.empty:
+            continue
+        call = largest_call(mine)
+        held, spike = float(call["saved_for_backward_mib"]), float(call["backward_transient_peak_mib"])
+        total = held + spike
+        parts.append(f"at B={ref['batch_size']} the published figure is {as_published(ref['op_held_mib'])} held + "
+                     f"{as_published(ref['op_backward_spike_mib'])} backward spike = {as_published(ref['op_total_mib'])}, "
+                     f"ours {as_published(held)} + {as_published(spike)} = {as_published(total)} "
+                     f"({percent(100 * (total - ref['op_total_mib']) / ref['op_total_mib'])})")  # fmt: skip
+        ratios.append((ref["op_backward_spike_mib"] / ref["op_held_mib"], spike / held))
+        tokens.append(call_tokens(call))
+    if not parts:
+        return ""
+    text = (f"**The op beside the published figures.** The published op memory of {backend} scoring is held + "
+            "backward spike: " + "; ".join(parts) + ".")  # fmt: skip
+    if all(abs(theirs - ours) <= 0.02 * theirs for theirs, ours in ratios):
+        shown = sorted({f"{ours:.2f}" for _, ours in ratios})
+        text += (f" In both runs the backward spike is {' to '.join(shown)}× the held memory at every batch compared: "
+                 "the same op on grids of another size — a grid follows the query and page tokens of the call replayed "
+                 f"(ours: {', '.join(tokens)}), which each run's batches draw.")  # fmt: skip
+    else:
+        text += " The backward spike stands to the held memory as " + "; ".join(
+            f"{theirs:.2f}× published, {ours:.2f}× ours" for theirs, ours in ratios) + "."
+    return text
+
+
+def published_failure(published: pd.DataFrame) -> str:
+    """A published out-of-memory cell beside the backends that trained its batch, from the published
+    figures alone: the request, what was allocated and reserved, and the peaks of those that trained."""
+    if published.empty:
+        return ""
+    failed = published[(published["outcome"] == "oom") & published["step_peak_alloc_gib"].notna()]
+    if failed.empty:
+        return ""
+    ref = failed.iloc[0]
+    others = published[(published["batch_size"] == ref["batch_size"]) & (published["outcome"] == "ok")
+                       & published["step_peak_alloc_gib"].notna()]  # fmt: skip
+    backend = backend_label(ref["variant"], ref["score_mini_batch_size"])
+    unallocated = ref["step_peak_reserved_gib"] - ref["step_peak_alloc_gib"]
+    than = "more than" if unallocated > ref["oom_request_gib"] else "less than"
+    text = (f"in the published run {backend} scoring ran out of memory at B={ref['batch_size']} asking for "
+            f"{ref['oom_request_gib']:.2f} GiB with {ref['step_peak_alloc_gib']:.2f} GiB allocated and "
+            f"{ref['step_peak_reserved_gib']:.2f} GiB reserved at its peak — {unallocated:.2f} GiB reserved but not "
+            f"allocated, {than} the request")  # fmt: skip
+    for _, other in others.iterrows():
+        text += (f", while {backend_label(other['variant'], other['score_mini_batch_size'])} trained the same batch at "
+                 f"{other['step_peak_alloc_gib']:.2f} GiB allocated "
+                 f"({other['step_peak_reserved_gib']:.2f} GiB reserved)")  # fmt: skip
+    return text
+
+
+# ---- shapes and what fails first -----------------------------------------------------------------
+
+
+def call_shapes(calls: pd.DataFrame) -> str:
+    """The query and document tokens and the dtype of every recorded MaxSim call, in words."""
+    if calls.empty:
+        return ""
+    queries = [list(shape)[1] for shape in calls["query_shape"]]
+    documents = [list(shape)[1:-1] for shape in calls["doc_shape"]]
+    pages = [n for shape in documents for n in shape]
+    dtypes = ", ".join(sorted({str(d) for d in calls["dtype"]}))
+    return (f"In the {len(calls)} recorded calls, queries have {min(queries)}–{max(queries)} tokens and documents "
+            f"{min(pages)}–{max(pages)}, and the embeddings reach the loss as {dtypes}.")  # fmt: skip
+
+
+def first_failures(cells: pd.DataFrame) -> list[str]:
+    """Per card, the first batch at which each backend runs out of memory and where — in the MaxSim op or
+    outside it — and, where every backend fails at the same batch outside the op with the same pre-OOM
+    peak, that it does: the op is then not what fills the card."""
+    lines: list[str] = []
+    if cells.empty:
+        return lines
+    for card in cards_in_order(cells["card"]):
+        mine = matching(cells, card=card, allocator="default")
+        parts: list[str] = []
+        firsts: dict[str, pd.Series] = {}
+        for backend in style.in_order(mine["backend"].unique()):
+            own = mine[mine["backend"] == backend].sort_values("batch_size")
+            failed = own[own["outcome"] == "oom"]
+            if failed.empty:
+                parts.append(f"{backend} trains every batch run (up to {own['batch_size'].max()})")
+                continue
+            first = failed.iloc[0]
+            firsts[backend] = first
+            where = {"maxsim": "in the MaxSim op", "elsewhere": "outside the op"}.get(str(first["oom_where"]), "")
+            parts.append(f"{backend} first runs out of memory at B={first['batch_size']} {where}".rstrip())
+        rows = list(firsts.values())
+        same = {(r["batch_size"], r["oom_where"], r["pre_oom_alloc_mib"]) for r in rows}
+        if len(rows) == len(parts) > 1 and len(same) == 1 and rows[0]["oom_where"] == "elsewhere":
+            failing = list(firsts)
+            text = (f"On the {card_short(card)} card {', '.join(failing[:-1])} and {failing[-1]} all first run out of memory at "
+                    f"B={rows[0]['batch_size']}, outside the op, with the same {rows[0]['pre_oom_alloc_mib'] * GIB_PER_MIB:.2f} "
+                    "GiB allocated: the score op is not what fills the card")  # fmt: skip
+        else:
+            text = f"On the {card_short(card)} card: " + "; ".join(parts)
+            inside = [(backend, row) for backend, row in firsts.items() if row["oom_where"] == "maxsim"]
+            trained = [b for b in style.in_order(mine["backend"].unique()) if b not in firsts or firsts[b]["batch_size"] > min(
+                row["batch_size"] for _, row in inside)] if inside else []  # fmt: skip
+            if inside and trained:
+                names = trained[0] if len(trained) == 1 else f"{', '.join(trained[:-1])} and {trained[-1]}"
+                text += (f" — {inside[0][0]}'s score grid binds first: it fails in the op at a batch that "
+                         f"{names} train{'s' if len(trained) == 1 else ''}")  # fmt: skip
+        lines.append(text + ".")
+    return lines
+
+
+def speed_ratios(cells: pd.DataFrame, fused: str = "lik", from_batch: int = 64) -> str:
+    """A fused backend's steady step speed relative to vanilla over every batch and card both trained
+    and were timed under the timing rule, in words."""
+    if cells.empty:
+        return ""
+    ok = timed(cells)
+    ok = ok[ok["allocator"] == "default"]
+    if ok.empty:
+        return ""
+    pairs = ok.pivot_table(index=["card", "batch_size"], columns="backend", values="steady_step_time_sec", aggfunc="first")
+    if not {"vanilla", fused} <= set(pairs.columns):
+        return ""
+    ratio = (pairs["vanilla"] / pairs[fused]).dropna()
+    if ratio.empty:
+        return ""
+    large = ratio[ratio.index.get_level_values("batch_size") >= from_batch]
+
+    def span(values: pd.Series) -> str:
+        low, high = f"{values.min():.2f}×", f"{values.max():.2f}×"
+        return low if low == high else f"{low} to {high}"
+
+    text = f"{fused} runs a step at {span(ratio)} vanilla's speed over the {len(ratio)} batch and card pairs both trained"
+    if not large.empty and len(large) < len(ratio):
+        text += f" ({span(large)} from B={from_batch} up)"
+    times = ok.set_index(["card", "batch_size", "backend"])["steady_times_sec"]
+    intervals = {key: timing.ratio(times[(*key, "vanilla")], times[(*key, fused)]) for key in ratio.index}
+    measurable = [f"B={batch}: {timing.ratio_words(value)}" for (_, batch), value in intervals.items() if value.measurable]
+    if not measurable:
+        return text + "; every pair's 95% interval holds 1: no measurable difference"
+    return text + "; measurable where the 95% interval excludes 1 — " + ", ".join(measurable)
+
+
+def fused_failure_places(searches: Sequence[SearchRow]) -> str:
+    """Where the batch above a fused backend's ceiling ran out of memory, over every search that has one:
+    all outside the MaxSim op, or which searches failed in it."""
+    fused = [row for row in searches if row.backend in ("lik", "flash") and row.fails_where is not None]
+    if not fused:
+        return ""
+    inside = [row for row in fused if row.fails_where == "maxsim"]
+    if not inside:
+        return (f"In all {len(fused)} searches of a fused backend whose next batch has failed, it failed outside the "
+                "op: a fused backend moves the failure out of the score op.")  # fmt: skip
+    named = ", ".join(f"{row.stack} · {row.regime} {row.backend} on {card_short(row.card)}" for row in inside)
+    return (f"Of the {len(fused)} searches of a fused backend whose next batch has failed, {len(inside)} failed in "
+            f"the op: {named}.")  # fmt: skip
+
+
+def timing_coverage(cells: pd.DataFrame) -> str:
+    """How many of a page's trained cells were timed under the timing rule, and why the others are
+    not shown (their recorded reason), in words."""
+    ok = cells[cells["outcome"] == "ok"] if not cells.empty else cells
+    if ok.empty:
+        return ""
+    shown = timed(ok)
+    if len(shown) == len(ok):
+        return (f"All {len(ok)} cells that trained here were timed under the timing rule: each had its GPU and its "
+                "CPU cores to itself while it trained.")  # fmt: skip
+    left = ok.drop(shown.index)
+    reasons = left["timing_reason"].fillna("no record").value_counts()
+    if shown.empty:
+        why = "; ".join(reasons.index) if len(reasons) == 1 else "; ".join(f"{n}: {reason}" for reason, n in reasons.items())
+        return f"None of the {len(ok)} cells that trained here was timed under the timing rule yet ({why}), so no time is shown."
+    why = "; ".join(f"{count} {reason}" for reason, count in reasons.items())
+    return (f"{len(shown)} of the {len(ok)} cells that trained here were timed under the timing rule, and only they "
+            f"are shown. The others: {why}.")  # fmt: skip
+
+
+def published_time_reading(cells: pd.DataFrame, published: pd.DataFrame) -> str:
+    """The published speed ratios between backends at one batch beside ours (timed cells only), and
+    the ratio of the two ratios, in words. A pair is a fused or chunking backend against vanilla,
+    or against chunking where vanilla ran out of memory."""
+    ok = timed(cells)
+    refs = published.copy()
+    if ok.empty or refs.empty:
+        return ""
+    refs["backend"] = [backend_label(v, c) for v, c in zip(refs["variant"], refs["score_mini_batch_size"], strict=True)]
+    parts = []
+    for batch, group in refs.dropna(subset=["step_sec"]).groupby("batch_size"):
+        theirs = dict(zip(group["backend"], group["step_sec"], strict=True))
+        base = "vanilla" if "vanilla" in theirs else next((b for b in theirs if b.startswith("vanilla +")), None)
+        mine = {row["backend"]: row["steady_times_sec"] for _, row in ok[ok["batch_size"] == batch].iterrows()}
+        if base is None or base not in mine:
+            continue
+        for backend, seconds in theirs.items():
+            if backend == base or backend not in mine:
+                continue
+            published_speed = theirs[base] / seconds
+            ours = timing.ratio(mine[base], mine[backend])
+            parts.append(f"at B={batch}, {backend} against {base}: published {published_speed:.2f}×, ours "
+                         f"{timing.ratio_words(ours)}, ratio of ratios {ours.value / published_speed:.2f}")  # fmt: skip
+    if not parts:
+        return ""
+    return ("Speed against the reference backend at the same batch (the published run on an H100 80 GB, ours on an "
+            "H200 capped to that card, so only ratios within each run compare): " + "; ".join(parts) + ".")  # fmt: skip
+
+
+def repeat_reading(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:
+    """Whether every repeated cell's two runs agree within 3%, in words, naming those that do not."""
+    gaps = [(first.cell_id, gap) for first, _, _, gap in timing.repeat_gaps(pairs)]
+    if not gaps:
+        return ""
+    wide = [f"{cell} ({100 * gap:.1f}%)" for cell, gap in gaps if gap > timing.REPEAT_TOLERANCE]
+    if not wide:
+        return f"All {len(gaps)} repeated cells' medians agree within {100 * timing.REPEAT_TOLERANCE:.0f}%."
+    return (f"{len(gaps) - len(wide)} of the {len(gaps)} repeated cells' medians agree within "
+            f"{100 * timing.REPEAT_TOLERANCE:.0f}%; these do not: {', '.join(wide)}.")  # fmt: skip
+
+
+def _step_shapes(result: CellResult) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    return {call.step: (tuple(call.query_shape), tuple(call.doc_shape)) for call in result.maxsim_calls_in_train
+            if call.step is not None}  # fmt: skip
+
+
+def repeat_spread(pairs: Sequence[tuple[CellResult, CellResult]], cells: pd.DataFrame) -> str:
+    """Whether each repeated cell's two runs trained the same batches (the same shapes step by step),
+    and how widely the timed cells' steady steps spread per stack (p10–p90 over the median), in words."""
+    sentences = []
+    if pairs:
+        same = []
+        for first, second in pairs:
+            one, two = _step_shapes(first).items(), _step_shapes(second).items()
+            if one and two and (one <= two or two <= one):  # the shorter run's steps are the longer one's
+                same.append(first.cell_id)
+        if len(same) == len(pairs):
+            sentences.append(f"Each of the {len(pairs)} pairs trained the same batches in both runs (the same query and "
+                             "document shapes step by step: one seed, one stream), so where two medians differ, the "
+                             "runs did, not the data")  # fmt: skip
+        else:
+            sentences.append(f"{len(same)} of the {len(pairs)} pairs trained the same batches in both runs")
+    ok = timed(cells)
+    if not ok.empty:
+        spread = 100 * (ok["steady_step_p90_sec"] - ok["steady_step_p10_sec"]) / ok["steady_step_time_sec"]
+        parts = []
+        for stack, values in spread.groupby(ok["stack"]):
+            parts.append(f"{stack} {values.median():.0f}% (up to {values.max():.0f}%) over {len(values)} cells")
+        sentences.append("The steady steps' p10–p90 spread, as a share of the median, per stack: " + "; ".join(parts))
+    return ". ".join(sentences) + "." if sentences else ""
+
+
+def lik_spike_reading(experiments: Sequence[dict[str, object]], ops: pd.DataFrame, cells: pd.DataFrame) -> str:
+    """Why the committed lik op cells at B ≥ 256 read more backward memory than the training cells'
+    replays of the same shapes, from the investigation's numbers and the committed results."""
+    if not experiments:
+        return ""
+    matched = all(abs(float(row["first_bwd_mib"]) - float(row["predicted_first_mib"])) <= 1 for row in experiments)  # type: ignore[arg-type]
+    tuned = {int(row["batch"]): min(row["repeat_bwd_mib"]) for row in experiments if row["repeat_bwd_mib"]}  # type: ignore[call-overload]
+    parts = []
+    train = cells[(cells["stack"] == "pylate") & (cells["regime"] == "grad-checkpoint") & (cells["backend"] == "lik")] \
+        if not cells.empty else cells
+    for batch, value in sorted(tuned.items()):
+        replay = pd.Series(dtype=float) if train.empty else \
+            train[train["batch_size"] == batch]["op_backward_transient_peak_mib"].dropna()
+        op = ops if ops.empty else ops[(ops["stack"] == "op-pylate") & (ops["variant"] == "lik") & (ops["batch_size"] == batch)]
+        committed = pd.Series(dtype=float) if op.empty else op["backward_transient_peak_mib"].dropna()
+        text = f"B={batch}: tuned {value:.1f} MiB"
+        if not replay.empty:
+            low, high = f"{replay.min():.1f}", f"{replay.max():.1f}"
+            span = low if low == high else f"{low}–{high}"
+            text += f", the training cells' replays {span} MiB"
+        if not committed.empty:
+            text += f", the committed op cell {committed.iloc[0]:.1f} MiB"
+        parts.append(text)
+    lead = ("In a fresh process, late-interaction-kernels' first backward at B ≥ 256 takes a path (lowmem) that the "
+            "replay's two-row warm-up never ran, so Triton autotunes its kernels inside the measured bracket, and "
+            "every configuration it benchmarks allocates Triton's 256 MiB cache-flush buffer on top of what is live")  # fmt: skip
+    check = ("; the first call equals what was live plus that buffer, to the MiB, in every experiment" if matched
+             else "; the first call does not always equal what was live plus that buffer")
+    return (lead + check + ". Once tuned, the same call takes what a training cell's replay reads (" + "; ".join(parts)
+            + "). The harness now measures a call again when an autotuner ran during it; the committed op cells "
+            "predate that, so their lik backward spikes at B ≥ 256 include the tuner.")  # fmt: skip

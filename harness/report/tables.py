@@ -8,9 +8,10 @@ from typing import Any, cast
 
 import pandas as pd
 
-from harness.report import style
-from harness.report.data import GIB_PER_MIB, SearchRow, SharedCheck, backend_label
+from harness.report import style, timing
+from harness.report.data import GIB_PER_MIB, PUBLISHED_OP, SearchRow, SharedCheck, backend_label, published_op
 from harness.report.text import (
+    as_published,
     card_label,
     card_short,
     cards_in_order,
@@ -30,36 +31,39 @@ from harness.results import Skipped
 # ---- a stack page's cells ------------------------------------------------------------------------
 
 
+PREDICTED = "predicted vanilla held (MiB) [vanilla: measured − predicted, held / fwd]"
+
+
 def op_vram_table(calls: pd.DataFrame) -> pd.DataFrame:
     """Isolated-replay op memory per batch size and backend: each cell's recorded call of the largest shape.
 
     ``total`` is held + backward spike: the op's own footprint at its backward peak. The shape column
-    names the query and document tokens of that call, which the vanilla prediction follows.
+    names the query and document tokens of that call, which the vanilla prediction follows; a vanilla
+    row adds, in brackets, how far its measured held and forward memory are from the prediction.
+    Backend names and 'OOM in replay' may wrap, so the table fits a page beside the contents column.
     """
     if calls.empty:
         return pd.DataFrame()
     rows = []
     for (batch, backend), group in calls.reset_index(drop=True).groupby(["batch_size", "backend"]):
         ok = group[~group["oom_in_replay"]]
-        gap = "vanilla − prediction, held / fwd (MiB)"
         if ok.empty:
             call = largest_call(group)
-            rows.append({"batch": batch, "backend": nowrap(str(backend)), "tokens, query × doc": nowrap(call_tokens(call)),
-                         "held (MiB)": nowrap("OOM in replay"), "backward spike (MiB)": "", "forward transient (MiB)": "",
-                         "total (MiB)": "", "predicted vanilla held (MiB)": mib(call["predicted_saved_for_backward_mib"]),
-                         gap: ""})  # fmt: skip
+            rows.append({"batch": batch, "backend": str(backend), "tokens, query × doc": nowrap(call_tokens(call)),
+                         "held (MiB)": "OOM in replay", "backward spike (MiB)": "", "forward transient (MiB)": "",
+                         "total (MiB)": "", PREDICTED: mib(call["predicted_saved_for_backward_mib"])})  # fmt: skip
             continue
         call = largest_call(ok)
+        predicted = mib(call["predicted_saved_for_backward_mib"])
         rows.append({
-            "batch": batch, "backend": nowrap(str(backend)), "tokens, query × doc": nowrap(call_tokens(call)),
+            "batch": batch, "backend": str(backend), "tokens, query × doc": nowrap(call_tokens(call)),
             "held (MiB)": mib(call["saved_for_backward_mib"]),
             "backward spike (MiB)": mib(call["backward_transient_peak_mib"]),
             "forward transient (MiB)": mib(call["forward_transient_peak_mib"]),
             "total (MiB)": mib(call["saved_for_backward_mib"] + call["backward_transient_peak_mib"]),
-            "predicted vanilla held (MiB)": mib(call["predicted_saved_for_backward_mib"]),
-            gap: _prediction_gap(call) if backend == "vanilla" else "",
+            PREDICTED: f"{predicted} {nowrap(f'[{_prediction_gap(call)}]')}" if backend == "vanilla" else predicted,
         })  # fmt: skip
-    rank = {nowrap(backend): k for k, backend in enumerate(style.in_order(calls["backend"]))}
+    rank = {backend: k for k, backend in enumerate(style.in_order(calls["backend"]))}
     return pd.DataFrame(rows).sort_values(["batch", "backend"], key=lambda c: c.map(rank) if c.name == "backend" else c,
                                           kind="stable", ignore_index=True)  # fmt: skip
 
@@ -81,7 +85,7 @@ def _prediction_gap(call: pd.Series) -> str:
     may add up to 1 MiB per large block it does not split (allocations round up to 2 MiB segments)."""
     held = call["saved_for_backward_mib"] - call["predicted_saved_for_backward_mib"]
     forward = call["forward_transient_peak_mib"] - call["predicted_forward_transient_mib"]
-    return nowrap(f"{signed(held)} / {signed(forward)}")
+    return f"{signed(held)} / {signed(forward)}"
 
 
 def _by_batch_and_backend(cells: pd.DataFrame, describe: Callable[[pd.Series], str]) -> pd.DataFrame:
@@ -112,7 +116,8 @@ def ceiling_table(cells: pd.DataFrame) -> pd.DataFrame:
 
 def fragmentation_table(cells: pd.DataFrame) -> pd.DataFrame:
     """Reserved − allocated at the step peak (GiB) per batch and backend, and how the per-step
-    difference moved from the first step to the last (MiB; cells that recorded per-step peaks)."""
+    difference moved from the first step to the last (MiB; cells that recorded per-step peaks). A cell
+    that ran out of memory is marked: its figure is the pre-OOM one, not a trained step's."""
     if cells.empty:
         return pd.DataFrame()
 
@@ -120,6 +125,8 @@ def fragmentation_table(cells: pd.DataFrame) -> pd.DataFrame:
         if missing(row["fragmentation_mib"]):
             return ""
         text = f"{row['fragmentation_mib'] * GIB_PER_MIB:.2f}"
+        if row["outcome"] == "oom":
+            text = f"{text} (OOM)"
         if not missing(row.get("fragmentation_growth_mib")):
             text += (f" ({row['fragmentation_first_step_mib']:.0f} → {row['fragmentation_last_step_mib']:.0f} MiB "
                      f"over {row['n_steps_done']} steps)")  # fmt: skip
@@ -128,31 +135,75 @@ def fragmentation_table(cells: pd.DataFrame) -> pd.DataFrame:
     return _by_batch_and_backend(cells, describe)
 
 
+def timed(cells: pd.DataFrame) -> pd.DataFrame:
+    """The cells that trained and whose step times may be published (the timing rule, :mod:`harness.host`)."""
+    if cells.empty or "times_comparable" not in cells:
+        return cells.iloc[0:0]
+    return cells[(cells["outcome"] == "ok") & cells["times_comparable"].astype(bool) & (cells["n_steady_steps"] > 0)]
+
+
 def step_time_table(cells: pd.DataFrame) -> pd.DataFrame:
-    """Steady seconds per step and samples/s, with the speed relative to vanilla at the same batch."""
-    ok = cells[cells["outcome"] == "ok"] if not cells.empty else cells
+    """Steady seconds per step of the cells timed under the timing rule: median with p10–p90,
+    samples/s, the speed relative to vanilla at the same batch with its bootstrap 95% interval,
+    and what autotuning cost (the first step, and later steps that tuned again)."""
+    ok = timed(cells)
     if ok.empty:
         return pd.DataFrame()
-    vanilla = ok[ok["backend"] == "vanilla"].set_index("batch_size")["steady_step_time_sec"]
+    vanilla = {row["batch_size"]: row["steady_times_sec"] for _, row in ok[ok["backend"] == "vanilla"].iterrows()}
     rows = []
     rank = {backend: k for k, backend in enumerate(style.in_order(ok["backend"]))}
     for _, row in ok.sort_values(["batch_size", "backend"], key=lambda c: c.map(rank) if c.name == "backend" else c).iterrows():
         base = vanilla.get(row["batch_size"])
+        speed = "" if row["backend"] == "vanilla" or base is None else timing.ratio_words(
+            timing.ratio(base, row["steady_times_sec"]))
         rows.append({
             "batch": row["batch_size"], "backend": nowrap(row["backend"]),
-            "step (s)": sig(row["steady_step_time_sec"]), "samples / s": sig(row["samples_per_sec"]),
-            "speed vs vanilla": "" if missing(base) or missing(row["steady_step_time_sec"])
-            else f"{base / row['steady_step_time_sec']:.2f}×",
-            "steady steps (range, s)": _steady_range(row),
+            "s / step (p10–p90)": nowrap(f"{sig(row['steady_step_time_sec'])} "
+                                         f"({row['steady_step_p10_sec']:.2f}\u2011{row['steady_step_p90_sec']:.2f})"),
+            "samples / s": sig(row["samples_per_sec"]),
+            "speed vs vanilla (95% interval)": speed,
+            "steady steps": row["n_steady_steps"],
+            "first step, s (re-tunes)": sig(row["first_step_sec"]) + (f" ({row['retune_steps']})" if row["retune_steps"] else ""),
         })  # fmt: skip
     return pd.DataFrame(rows)
 
 
-def _steady_range(row: pd.Series) -> str:
-    """How many steps the median is over and how far they spread: few or spread steps mean noise."""
-    if not row["n_steady_steps"]:
-        return "0"
-    return f"{row['n_steady_steps']} ({row['steady_step_min_sec']:.2f}–{row['steady_step_max_sec']:.2f})"
+def published_time_table(cells: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
+    """The published step times (an H100 80 GB) beside ours (an H200 capped to that card) for the
+    same cells, where both trained and ours were timed under the timing rule."""
+    ok = timed(cells)
+    if ok.empty:
+        return pd.DataFrame()
+    rows = []
+    for _, ref in published.iterrows():
+        seconds = ref["step_sec"]
+        if missing(seconds):
+            continue
+        backend = backend_label(ref["variant"], ref["score_mini_batch_size"])
+        ours = ok[(ok["batch_size"] == ref["batch_size"]) & (ok["backend"] == backend) & (ok["card"] == ref["card"])]
+        mine = None if ours.empty else ours.iloc[0]["steady_step_time_sec"]
+        rows.append({
+            "batch": ref["batch_size"], "backend": nowrap(backend),
+            "published s / step (H100)": sig(seconds),
+            "ours s / step (H200 as the 80 GB card)": "not timed" if mine is None else sig(mine),
+            "ours ÷ published": "" if mine is None else f"{mine / seconds:.2f}",
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def repeat_table(pairs: Sequence[tuple[Any, Any]]) -> pd.DataFrame:
+    """Each repeated cell's two runs (separate processes, the host to themselves): their medians and
+    how far apart they are, against the 3% the timing rule asks of them."""
+    rows = []
+    for first, one, two, gap in timing.repeat_gaps(pairs):
+        rows.append({
+            "cell": nowrap(first.cell_id),
+            "first run, s (p10–p90)": nowrap(f"{sig(one.median)} ({one.p10:.2f}–{one.p90:.2f})"),
+            "second run, s (p10–p90)": nowrap(f"{sig(two.median)} ({two.p10:.2f}–{two.p90:.2f})"),
+            "medians apart": f"{100 * gap:.1f}%",
+            "within 3%": "yes" if gap <= timing.REPEAT_TOLERANCE else "no",
+        })  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 def published_comparison(cells: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
@@ -181,29 +232,89 @@ def _peak_difference(ref: pd.Series, mine: pd.Series | None) -> str:
 
 
 def _published_text(ref: pd.Series) -> str:
-    """A published cell in brief: 'OOM (asked 1.81 GiB)', '29.54 GiB · 7.98 s/step'."""
+    """A published cell in brief: 'OOM (asked 1.81 GiB)', '29.54 GiB · 7.98 s/step', 'trained (no step peak published)'."""
     if ref["outcome"] == "oom":
         request = f" (asked {ref['oom_request_gib']} GiB)" if not pd.isna(ref["oom_request_gib"]) else ""
         return "OOM" + request
+    if pd.isna(ref["step_peak_alloc_gib"]):
+        return "trained (no step peak published)"
     text = f"{ref['step_peak_alloc_gib']:.2f} GiB"
     return text + (f" · {ref['steady_step_time_sec']:.2f} s/step" if not pd.isna(ref["steady_step_time_sec"]) else "")
+
+
+def published_op_comparison(calls: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
+    """The published op memory (:data:`harness.report.data.PUBLISHED_OP`) beside ours for the same cell, a row
+    each: every figure the published text gives, in the published harness's format (GiB to two decimals from
+    1 GiB up, whole MiB below), and the backward spike over the held memory.
+
+    Ours is the isolated replay of the cell's largest recorded call (:func:`largest_call`), the call the
+    op-memory table shows; its tokens name the shape, on which the vanilla grid depends."""
+    chosen = published_op(published)
+    figures = [column for column in PUBLISHED_OP if chosen[column].notna().any()] if not chosen.empty else []
+    ratio = {"op_held_mib", "op_backward_spike_mib"} <= set(figures)
+    rows = []
+    for _, ref in chosen.iterrows():
+        backend = backend_label(ref["variant"], ref["score_mini_batch_size"])
+        mine = _calls_of(calls, ref, backend)
+        call = None if mine.empty else largest_call(mine)
+        ours = {} if call is None else _op_figures(call)
+        for run, values, tokens in (("published", ref, "—"), ("ours", ours, "" if call is None else call_tokens(call))):
+            row: dict[str, object] = {"batch": ref["batch_size"], "backend": nowrap(backend), "run": run,
+                                      "query × doc tokens": nowrap(tokens)}  # fmt: skip
+            for column in figures:
+                row[PUBLISHED_OP[column]] = nowrap(as_published(values.get(column)))
+            if ratio:
+                row["spike ÷ held"] = _ratio(values.get("op_backward_spike_mib"), values.get("op_held_mib"))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _calls_of(calls: pd.DataFrame, ref: pd.Series, backend: str) -> pd.DataFrame:
+    """Our replayed calls of a published cell's batch, backend and card (none that ran out of memory in replay)."""
+    if calls.empty:
+        return calls
+    mine = calls[(calls["batch_size"] == ref["batch_size"]) & (calls["backend"] == backend) & (calls["card"] == ref["card"])]
+    return mine[~mine["oom_in_replay"].astype(bool)]
+
+
+def _op_figures(call: pd.Series) -> dict[str, float]:
+    """A replayed call's op memory under the published figures' names (MiB)."""
+    held, spike = float(call["saved_for_backward_mib"]), float(call["backward_transient_peak_mib"])
+    return {"op_forward_transient_mib": float(call["forward_transient_peak_mib"]), "op_held_mib": held,
+            "op_backward_spike_mib": spike, "op_total_mib": held + spike}  # fmt: skip
+
+
+def _ratio(numerator: object, denominator: object) -> str:
+    if missing(numerator) or missing(denominator) or not float(denominator):  # type: ignore[arg-type]
+        return "—"
+    return f"{float(numerator) / float(denominator):.2f}×"  # type: ignore[arg-type]
 
 
 # ---- the op-level page ---------------------------------------------------------------------------
 
 
 def op_speed_table(ops: pd.DataFrame) -> pd.DataFrame:
-    """Median forward + backward time per head, batch and negatives: each backend beside vanilla."""
+    """Median forward + backward time per head, batch and negatives: each backend beside vanilla.
+    Times (and speedups) only from cells timed under the timing rule; the memory always."""
     if ops.empty:
         return pd.DataFrame()
     rows = []
     for key, group in ops.groupby(["stack", "regime", "batch_size", "negatives"], dropna=False):
         stack, head, batch, negatives = cast(tuple[str, str, int, Any], key)
         by_variant = group.set_index("variant")
-        base = cast(float, by_variant["steady_step_time_sec"].get("vanilla"))
+        comparable = by_variant["times_comparable"].astype(bool)
+        base = cast(float, by_variant["steady_step_time_sec"].get("vanilla")) if comparable.get("vanilla", False) else None
         for variant in style.in_order(by_variant.index):
             row = cast(pd.Series, by_variant.loc[variant])
             oom = row["outcome"] == "oom"
+            if not oom and not comparable[variant]:
+                rows.append({
+                    "head": f"{stack.removeprefix('op-')} · {head}", "batch": batch,
+                    "negatives": "" if pd.isna(negatives) else int(negatives), "backend": variant,
+                    "median (ms)": "", "p10–p90 (ms)": "", "speedup vs vanilla": "",
+                    "held + bwd spike (MiB)": "" if missing(row.get("total_mib")) else mib(row["total_mib"]),
+                })  # fmt: skip
+                continue
             rows.append({
                 "head": f"{stack.removeprefix('op-')} · {head}", "batch": batch,
                 "negatives": "" if pd.isna(negatives) else int(negatives), "backend": variant,
@@ -211,7 +322,7 @@ def op_speed_table(ops: pd.DataFrame) -> pd.DataFrame:
                 "p10–p90 (ms)": "" if oom else _spread_ms(row),
                 "speedup vs vanilla": "" if oom or missing(base) or variant == "vanilla"
                 else f"{base / row['steady_step_time_sec']:.2f}×",
-                "held + bwd spike (MiB)": "" if missing(row.get("total_mib")) else mib(row["total_mib"]),
+                "held + bwd spike (MiB)": ("OOM" if oom else "") if missing(row.get("total_mib")) else mib(row["total_mib"]),
             })  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -227,6 +338,10 @@ def op_speed_tables(ops: pd.DataFrame) -> dict[str, pd.DataFrame]:
         group = group.drop(columns="head")
         if (group["negatives"] == "").all():
             group = group.drop(columns="negatives")
+        untimed = [column for column in ("median (ms)", "p10–p90 (ms)", "speedup vs vanilla")
+                   if set(group[column]) <= {"", "OOM"}]  # fmt: skip
+        if len(untimed) == 3:  # no cell of this head timed under the timing rule: memory only
+            group = group.drop(columns=untimed)
         split[str(head)] = group.reset_index(drop=True)
     return split
 
@@ -319,3 +434,48 @@ def skipped_table(skipped: Sequence[Skipped], root: Path) -> pd.DataFrame:
         return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
     return pd.DataFrame([{"file": where(item.path), "why it was skipped": item.reason} for item in skipped])
+
+
+# ---- the synthetic data ---------------------------------------------------------------------------
+
+PUBLISHED_QUERY_RANGE = (42, 57)  # the published B=128 run's batches padded their queries to 42–57 tokens (spec §3)
+
+
+def query_length_table(lengths: pd.DataFrame, draw: str = "stream") -> pd.DataFrame:
+    """The padded query length per batch size, over the distinct batches one draw recorded (with one
+    stream per seed, cells of one seed and batch size train the same batches, counted once): how
+    many, the median and range, and the share inside and above the published B=128 range."""
+    if lengths.empty:
+        return pd.DataFrame()
+    mine = lengths[lengths["draw"] == draw]
+    if draw == "stream":
+        mine = mine.drop_duplicates(["batch_size", "seed", "step"])
+    low, high = PUBLISHED_QUERY_RANGE
+    rows = []
+    for batch, group in mine.groupby("batch_size"):
+        tokens = group["query_tokens"]
+        rows.append({
+            "batch": batch, "distinct batches" if draw == "stream" else "batches recorded": len(tokens),
+            "median tokens": f"{tokens.median():g}",
+            "range": f"{tokens.min()}–{tokens.max()}",
+            f"in {low}–{high}": f"{100 * ((tokens >= low) & (tokens <= high)).mean():.0f}%",
+            f"above {high}": f"{100 * (tokens > high).mean():.0f}%",
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def lik_spike_table(experiments: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """The lik backward spike of an op cell's first call beside the same call once tuned."""
+    rows = []
+    for row in experiments:
+        repeats = cast(list[float], row["repeat_bwd_mib"])
+        rows.append({
+            "experiment": str(row["experiment"]).removeprefix("op-cell ").replace(f"b{row['batch']}, ", ""),
+            "batch": row["batch"],
+            "first call": sig(cast(float, row["first_bwd_mib"])),
+            "tuned": sig(repeats[0]) if repeats else "",
+            "live + 256 MiB flush": sig(cast(float, row["predicted_first_mib"])),
+            "autotuned inside the first call": ", ".join(str(k).strip("_") for k in cast(list[str], row["swept_in_bwd"]))
+            or "none",
+        })  # fmt: skip
+    return pd.DataFrame(rows)

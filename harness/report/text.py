@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pandas as pd
@@ -59,6 +60,37 @@ def failed_request(message: object) -> str:
     return sentences[1] if len(sentences) > 1 else str(message)
 
 
+_SIZES_MIB = {"bytes": 1 / 2**20, "KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}
+
+
+def requested_mib(message: object) -> float | None:
+    """The failed request of an OOM message in MiB ('Tried to allocate 1.79 GiB' → 1832.96); None where it names no size."""
+    found = None if missing(message) else re.search(r"Tried to allocate ([0-9.]+) (bytes|KiB|MiB|GiB)", str(message))
+    return None if found is None else float(found.group(1)) * _SIZES_MIB[found.group(2)]
+
+
+_HELD = re.compile(r"Of the allocated memory ([0-9.]+) (bytes|KiB|MiB|GiB) is allocated by PyTorch, .*?"
+                   r"([0-9.]+) (bytes|KiB|MiB|GiB) is reserved by PyTorch but unallocated")
+
+
+def oom_held_mib(message: object) -> tuple[float, float] | None:
+    """What an OOM message says the process held when the request failed, in MiB: (allocated, reserved but
+    unallocated); None where the message does not say."""
+    found = None if missing(message) else _HELD.search(str(message))
+    if found is None:
+        return None
+    return float(found.group(1)) * _SIZES_MIB[found.group(2)], float(found.group(3)) * _SIZES_MIB[found.group(4)]
+
+
+def as_published(value_mib: object) -> str:
+    """A memory figure as the published harness prints it: GiB to two decimals from 1 GiB up, whole MiB below
+    ('7.81 GiB', '61 MiB'); a dash for none. Ours and the published figures side by side, at one precision."""
+    if missing(value_mib):
+        return "—"
+    value = float(value_mib)  # type: ignore[arg-type]
+    return f"{value * GIB_PER_MIB:.2f} GiB" if value >= 1024 else f"{value:.0f} MiB"
+
+
 def card_label(name: str, lines: bool = False) -> str:
     """A card as measured: '80 GB (H100 profile, 78.43 GiB on an H200)', '141 GB (the whole H200)';
     with ``lines``, the same over three lines for a tick label ('80 GB', 'H100 profile', '78.43 GiB')."""
@@ -100,12 +132,16 @@ def cards_in_order(names: object) -> list[str]:
 
 
 def cell_words(row: pd.Series) -> str:
-    """One cell's result in brief: '54.38 GiB · 7.98 s/step', 'OOM (Tried to allocate …)', 'crashed'."""
+    """One cell's result in brief: '54.38 GiB · 7.98 s/step', 'OOM (Tried to allocate …)', 'crashed'.
+    The step time only where it was measured under the timing rule (``times_comparable``)."""
     if row["outcome"] == "oom":
         return f"OOM ({failed_request(row['oom_message'])})"
     if row["outcome"] != "ok":
         return row["outcome"]
-    return f"{row['step_peak_alloc_mib'] * GIB_PER_MIB:.2f} GiB · {row['steady_step_time_sec']:.2f} s/step"
+    peak = f"{row['step_peak_alloc_mib'] * GIB_PER_MIB:.2f} GiB"
+    if not row.get("times_comparable", False) or missing(row["steady_step_time_sec"]):
+        return peak
+    return f"{peak} · {row['steady_step_time_sec']:.2f} s/step"
 
 
 def ceiling_text(row: SearchRow) -> str:

@@ -64,7 +64,7 @@ def measurement_arguments(params: TrainSpec, device: torch.device) -> dict[str, 
     return dict(
         output_dir=scratch_output_dir(f"{params.stack}-cell-"),
         per_device_train_batch_size=params.batch_size,
-        max_steps=params.steps,
+        max_steps=params.max_steps,  # a timed cell stops earlier, once it has its steady steps
         warmup_steps=0,
         use_cpu=device.type == "cpu",
         seed=params.seed,

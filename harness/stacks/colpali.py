@@ -107,7 +107,7 @@ class ColpaliStack:
         select_backend(params.variant)
         set_seed(params.seed)
         model, processor, model_source = colqwen2_model.load(params.model_source, params.preset, params.seed, str(device))
-        rows, data_source = colpali_data.load_train_set(params.data_source, params.batch_size * params.steps, params.seed)
+        rows, data_source = colpali_data.load_train_set(params.data_source, params.batch_size * params.max_steps, params.seed)
         args = TrainingArguments(
             **measurement_arguments(params, device),
             learning_rate=LEARNING_RATE,

@@ -10,11 +10,18 @@ memory depends on:
   ≥95% of pages land at 700–768 visual tokens, as in the published run (documents 755–779 tokens
   with the 11 prompt tokens);
 * **queries** are question-like text whose character length is log-normal with the real mean
-  (≈67 characters) and tail: with the offline tokenizer ~90% of batches of 128 pad to 42–57 tokens
-  (text + colpali-engine's 10 augmentation tokens), the range of the published B=128 run; the
-  rest reach the low 60s.
+  (≈67 characters, spec §3) and a tail. The published run saw queries padded to 33–57 tokens
+  across its batches and 42–57 at B=128 (text + colpali-engine's 10 augmentation tokens). Measured
+  with the offline tokenizer over 200 independent batches of 128 (``tests/test_colpali_stack.py``):
+  the median batch pads to 50 tokens (the centre of the published range), 85–88% pad to 42–57
+  and 10–13% to more than 57 (a batch holding one of the few long questions).
 
-Pages are drawn lazily (a plain canvas of the row's size, seeded by row) so thousands of rows cost
+**One seed, one stream.** Row ``i`` of the stream of seed ``s`` is drawn from its own generator
+(``s``, ``i``), and the stream has a fixed length (:data:`STREAM_ROWS`) whatever the cell, so the
+trainer's seeded sampler permutes the same rows in every run: the first k batches of a longer run
+are those of a shorter one at the same batch size.
+
+Rows are drawn when they are read (pages as a plain canvas of the row's size), so the stream costs
 nothing until a batch is collated.
 """
 
@@ -32,7 +39,8 @@ from harness.stacks import lexicon
 
 HUB_DATASET = "vidore/colpali_train_set"
 QUERY_CHARS_MEAN = 67.0
-QUERY_CHARS_SIGMA = 0.35  # log-normal shape: ~90% of batches of 128 pad to 42–57 tokens, as in the published run
+QUERY_CHARS_SIGMA = 0.35  # log-normal shape: the median batch of 128 pads to 50 tokens, 85–88% to 42–57 (module doc)
+STREAM_ROWS = 1 << 20  # rows in every seed's stream: more than any cell reads (300 steps x 2048 = 614,400)
 QUESTION_STARTERS = (
     "What is the", "What are the", "How many", "Which", "What was the", "According to the",
     "In which year did the", "Who", "What does the", "How much", "Where is the", "What percentage of",
@@ -79,21 +87,27 @@ def _query(rng: np.random.Generator) -> str:
     return " ".join(words) + "?"
 
 
+def query(seed: int, index: int) -> str:
+    """Row ``index``'s query in the stream of ``seed``."""
+    return _query(np.random.default_rng([seed, 1, index]))
+
+
+def page_size(seed: int, index: int) -> tuple[str, int, int]:
+    """Row ``index``'s page in the stream of ``seed``: (source, width, height) from the page mixture."""
+    rng = np.random.default_rng([seed, 2, index])
+    shares = np.array([family.share for family in PAGE_MIXTURE])
+    family = PAGE_MIXTURE[int(rng.choice(len(PAGE_MIXTURE), p=shares / shares.sum()))]
+    return family.source, int(rng.integers(*family.width)), int(rng.integers(*family.height))
+
+
 def queries(n: int, seed: int) -> list[str]:
-    rng = np.random.default_rng([seed, 1])
-    return [_query(rng) for _ in range(n)]
+    """The first ``n`` queries of the stream of ``seed``."""
+    return [query(seed, index) for index in range(n)]
 
 
 def page_sizes(n: int, seed: int) -> list[tuple[str, int, int]]:
-    """``n`` seeded (source, width, height) draws from the page mixture."""
-    rng = np.random.default_rng([seed, 2])
-    shares = np.array([family.share for family in PAGE_MIXTURE])
-    picks = rng.choice(len(PAGE_MIXTURE), size=n, p=shares / shares.sum())
-    sizes = []
-    for pick in picks:
-        family = PAGE_MIXTURE[pick]
-        sizes.append((family.source, int(rng.integers(*family.width)), int(rng.integers(*family.height))))
-    return sizes
+    """The first ``n`` pages of the stream of ``seed``."""
+    return [page_size(seed, index) for index in range(n)]
 
 
 def tokenizer_corpus(seed: int) -> Iterator[str]:
@@ -104,30 +118,27 @@ def tokenizer_corpus(seed: int) -> Iterator[str]:
 
 
 class SyntheticTrainSet(torch.utils.data.Dataset):
-    """``n_rows`` rows of a seeded synthetic colpali_train_set; pages are drawn when a row is read.
+    """The stream of ``seed``: :data:`STREAM_ROWS` rows of a synthetic colpali_train_set, each drawn
+    when it is read. A map-style torch dataset, which is what ``ColPaliEngineDataset`` wraps."""
 
-    A map-style torch dataset, which is what ``ColPaliEngineDataset`` wraps.
-    """
-
-    def __init__(self, n_rows: int, seed: int) -> None:
+    def __init__(self, seed: int, rows: int = STREAM_ROWS) -> None:
         self.seed = seed
-        self._queries = queries(n_rows, seed)
-        self._pages = page_sizes(n_rows, seed)
+        self.rows = rows
 
     def __len__(self) -> int:
-        return len(self._queries)
+        return self.rows
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         from PIL import Image
 
         if not 0 <= index < len(self):
             raise IndexError(index)
-        source, width, height = self._pages[index]
+        source, width, height = page_size(self.seed, index)
         shade = tuple(int(v) for v in np.random.default_rng([self.seed, 3, index]).integers(160, 256, size=3))
         return {
-            "query": self._queries[index],
+            "query": query(self.seed, index),
             "image": Image.new("RGB", (width, height), shade),
-            "image_filename": f"synthetic/{source}/{index:06d}.png",
+            "image_filename": f"synthetic/{source}/{index:07d}.png",
             "options": None,
             "answer": "",
             "page": "1",
@@ -140,12 +151,16 @@ class SyntheticTrainSet(torch.utils.data.Dataset):
 def load_train_set(source: str | None, n_rows: int, seed: int):  # type: ignore[no-untyped-def]
     """Rows for ``ColPaliEngineDataset`` and a description of where they came from.
 
-    ``source`` None: synthetic. ``"hub"``: the first parquet shard of ``vidore/colpali_train_set``
-    (downloaded alone, never the whole set). Anything else: a local directory laid out like the
-    hub repository (``data/train-*.parquet``) or a parquet file.
+    ``source`` None: the synthetic stream of ``seed`` (``n_rows`` only checked: the stream's length is
+    fixed, so the trainer's sampler draws the same first batches in every run). ``"hub"``: the first
+    parquet shard of ``vidore/colpali_train_set`` (downloaded alone, never the whole set). Anything
+    else: a local directory laid out like the hub repository (``data/train-*.parquet``) or a parquet
+    file.
     """
     if source is None or source == "synthetic":
-        return SyntheticTrainSet(n_rows, seed), f"synthetic:colpali_train_set:seed={seed}:rows={n_rows}"
+        if n_rows > STREAM_ROWS:
+            raise ValueError(f"{n_rows} rows (batch x steps) exceed the synthetic stream's {STREAM_ROWS}.")
+        return SyntheticTrainSet(seed), f"synthetic:colpali_train_set:seed={seed}:stream={STREAM_ROWS}"
     if source == "hub":
         from huggingface_hub import snapshot_download
 

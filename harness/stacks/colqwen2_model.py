@@ -44,7 +44,7 @@ SPECIAL_TOKENS = (
     "<|image_pad|>",
     "<|video_pad|>",
 )  # ids 151643 … 151656, in this order
-PROCESSOR_BUILD = 1  # bump when the tokenizer, its corpus or the image processor changes: a new cache entry
+PROCESSOR_BUILD = 2  # bump when the tokenizer, its corpus or the image processor changes: a new cache entry
 LEARNED_MERGES_VOCAB = 8000  # BPE entries learned from the synthetic text before padding
 # Qwen2-VL's preprocessor_config.json: the pixel range before colpali-engine's cap.
 IMAGE_PROCESSOR = dict(

@@ -6,6 +6,10 @@ words come from :mod:`harness.stacks.lexicon`, which the offline tokenizer knows
 splits into two word pieces and punctuation is tokenized separately, as with a real subword
 vocabulary (~70 tokens per passage). In training PyLate pads every column to its fixed length
 (queries 48, documents 300), so lengths change which tokens are real, not the tensor shapes.
+
+One seed names one stream: row ``i`` of seed ``s`` is drawn from its own generator (``s``, ``i``)
+when it is read, and the stream has a fixed length (:data:`STREAM_ROWS`), so the trainer's seeded
+sampler draws the same first batches whatever the number of steps.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ PASSAGE_WORDS_SIGMA = 0.5  # log-normal shape: a tail of long passages, as in MS
 QUERY_WORDS_MEAN = 6.4
 COMPOUND_RATE = 0.2  # words made of a stem and a suffix piece (two tokens)
 HUB_DATASET = ("sentence-transformers/msmarco-bm25", "triplet")
+STREAM_ROWS = 1 << 20  # rows in every seed's stream: more than any cell reads (300 steps x 2048 = 614,400)
 
 
 def _words(rng: np.random.Generator, n: int, punctuate: bool) -> str:
@@ -44,28 +49,49 @@ def query_word_count(rng: np.random.Generator) -> int:
     return 1 + int(rng.poisson(QUERY_WORDS_MEAN - 1))
 
 
+def triplet(seed: int, index: int) -> dict[str, str]:
+    """Row ``index`` of the stream of ``seed``: a (query, positive, negative) triplet."""
+    rng = np.random.default_rng([seed, index])
+    return {
+        "query": _words(rng, query_word_count(rng), punctuate=False),
+        "positive": _words(rng, passage_word_count(rng), punctuate=True),
+        "negative": _words(rng, passage_word_count(rng), punctuate=True),
+    }
+
+
 def synthetic_triplets(n_rows: int, seed: int) -> dict[str, list[str]]:
-    """``n_rows`` seeded (query, positive, negative) rows as columns."""
-    rng = np.random.default_rng(seed)
-    rows: dict[str, list[str]] = {"query": [], "positive": [], "negative": []}
-    for _ in range(n_rows):
-        rows["query"].append(_words(rng, query_word_count(rng), punctuate=False))
-        rows["positive"].append(_words(rng, passage_word_count(rng), punctuate=True))
-        rows["negative"].append(_words(rng, passage_word_count(rng), punctuate=True))
-    return rows
+    """The first ``n_rows`` rows of the stream of ``seed``, as columns."""
+    rows = [triplet(seed, index) for index in range(n_rows)]
+    return {column: [row[column] for row in rows] for column in ("query", "positive", "negative")}
+
+
+def synthetic_stream(seed: int, rows: int = STREAM_ROWS):  # type: ignore[no-untyped-def]
+    """The stream of ``seed`` as a ``datasets.Dataset`` whose rows are drawn when they are read.
+
+    The table holds only the row numbers; a transform turns the rows a batch reads into triplets.
+    """
+    import datasets
+
+    def draw(batch: dict[str, list[int]]) -> dict[str, list[str]]:
+        drawn = [triplet(seed, index) for index in batch["row"]]
+        return {column: [row[column] for row in drawn] for column in ("query", "positive", "negative")}
+
+    return datasets.Dataset.from_dict({"row": np.arange(rows, dtype=np.int64)}).with_transform(draw)
 
 
 def load_triplets(source: str | None, n_rows: int, seed: int):  # type: ignore[no-untyped-def]
     """A ``datasets.Dataset`` of triplets and a description of where it came from.
 
-    ``source`` None: synthetic. ``"hub"``: the real ``sentence-transformers/msmarco-bm25`` triplet
+    ``source`` None: the synthetic stream of ``seed`` (``n_rows`` only checked: the stream's length is
+    fixed). ``"hub"``: the real ``sentence-transformers/msmarco-bm25`` triplet
     config (first ``n_rows`` rows). Anything else: a local directory or file ``datasets`` can load.
     """
     import datasets
 
     if source is None or source == "synthetic":
-        described = f"synthetic:msmarco-triplet:seed={seed}:rows={n_rows}"
-        return datasets.Dataset.from_dict(synthetic_triplets(n_rows, seed)), described
+        if n_rows > STREAM_ROWS:
+            raise ValueError(f"{n_rows} rows (batch x steps) exceed the synthetic stream's {STREAM_ROWS}.")
+        return synthetic_stream(seed), f"synthetic:msmarco-triplet:seed={seed}:stream={STREAM_ROWS}"
     if source == "hub":
         name, config = HUB_DATASET
         dataset = datasets.load_dataset(name, config, split=f"train[:{n_rows}]")

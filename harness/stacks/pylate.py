@@ -59,7 +59,7 @@ class PylateStack:
         model, model_source = pylate_model.load(params.model_source, params.preset, params.seed, str(device))
         if params.regime == "grad-checkpoint":
             model[0].auto_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        dataset, data_source = msmarco.load_triplets(params.data_source, params.batch_size * params.steps, params.seed)
+        dataset, data_source = msmarco.load_triplets(params.data_source, params.batch_size * params.max_steps, params.seed)
         loss = losses.Contrastive(model=model, score_mini_batch_size=params.score_mini_batch_size)
         args = SentenceTransformerTrainingArguments(
             **measurement_arguments(params, device),

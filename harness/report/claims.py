@@ -1,0 +1,800 @@
+"""Published claims, re-tested: every quantitative claim of the published work beside our number and a verdict.
+
+The claims are data (``book/data/published_claims.csv``), one row each: the claim in brief, its source
+(which table or sentence of the seed PR, or of a PR it cites), the published value as written, and a
+key naming the one quantity of ours it compares to — stack, regime, batch(es), backend(s), card and
+``quantity`` (one of :data:`QUANTITIES`) — with a tolerance class (:data:`TOLERANCES`, each with the
+argument for it). Here each claim is re-tested against the committed results read through
+:mod:`harness.report.data`: pure functions from a claim and the evidence to a :class:`Verdict`
+("holds", "differs", "does not hold", or "not re-tested" with the reason). Torch-free.
+
+The verdicts mean:
+
+- **holds** — our number is within the claim's tolerance (or the outcome, bound or ceiling is the same);
+- **differs** — a figure outside the tolerance, with why it may differ where the claim's row knows;
+- **does not hold** — an outcome, bound or ceiling our data contradicts;
+- **not re-tested** — why: step times not yet trustworthy (issue 16), a ceiling search unfinished or
+  not run (issue 18), no cell of ours, or a claim nothing of ours can test.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+
+from harness.grid import ROOT
+from harness.report import data, timing
+from harness.report.data import GIB_PER_MIB, SearchRow, find_search
+from harness.report.tables import call_tokens
+from harness.report.text import ceiling_text, failed_request, missing, percent, significant
+
+CLAIMS = ROOT / "book" / "data" / "published_claims.csv"
+FIELDS = ["id", "section", "claim", "source", "published", "unit", "quantity", "stack", "regime", "batch", "backend",
+          "versus", "card", "tolerance", "not_retestable", "if_differs"]  # fmt: skip
+
+Status = Literal["holds", "differs", "does not hold", "not re-tested"]
+STATUSES: tuple[Status, ...] = ("holds", "differs", "does not hold", "not re-tested")
+
+SECTIONS = {
+    "colpali": "ColQwen2 + LoRA on an 80 GB card",
+    "pylate-plain": "PyLate, canonical recipe (no gradient checkpointing)",
+    "pylate-gc": "PyLate with gradient checkpointing",
+    "ceilings": "Batch-size ceilings",
+    "times": "Step times and speed",
+}
+
+# Why a claim waits, in the summary's words (Verdict.waits_on): (one, several, why).
+WAITS = {
+    "times": ("step-time claim", "step-time claims", ", whose times are being re-measured (issue 16: trustworthy step times)"),
+    "search": ("ceiling claim", "ceiling claims", ", whose searches are unfinished or not run (issue 18)"),
+    "absolute": ("absolute time", "absolute times", " of an H100, which an H200 cannot re-test (the speed ratios are re-tested "
+                 "instead)"),
+    "no cell": ("claim", "claims", " with no cell of ours to compare"),
+    "untestable": ("claim", "claims", " that nothing of ours can test"),
+}
+TIMES_WAIT = "not yet re-tested: step times are being re-measured (issue 16: trustworthy step times)"
+
+# spec §1: a cell whose times are published owns its host (or is pinned to its own cores) and has at
+# least 8 steady steps. The timing rule (issue 16, harness.host) records in each result whether its times
+# are the card's (CellResult.times_comparable); a cells frame without that column has no such record.
+MIN_STEADY_STEPS = 8
+COMPARABLE = "times_comparable"
+
+
+# ---- tolerances ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close our number must be to the published one for a claim to hold, and why that close."""
+
+    reads: str  # in a table cell: '±2% or 64 MiB'
+    why: str  # the argument, in a sentence or two
+    relative: float = 0.0  # of the published value
+    absolute_mib: float = 0.0  # a floor for memory figures, MiB
+
+
+TOLERANCES: dict[str, Tolerance] = {
+    "memory": Tolerance(
+        "±2.5% or 16 MiB",
+        "Whichever of the two is larger. Memory is exact for given shapes: our vanilla replays agree with the "
+        "analytic grid to under 1 MiB, and PyLate pads every query to 48 tokens and every document to 300, so its "
+        "figures do not depend on the data at all. ColQwen2's grid and activations follow the longest query and "
+        "page a batch draws, and ours are drawn from calibrated lengths, not the real set: one token more in a "
+        "longest query of about 50 is 2% more grid. 2.5% is that token and the published figure's rounding (two "
+        "decimals of a GiB); 16 MiB covers whole-MiB figures and the allocator's block rounding on the smallest. "
+        "What the claims are about is far outside: a materialised score grid is GiBs.",
+        relative=0.025, absolute_mib=16.0),
+    "fused-memory": Tolerance(
+        "±10% or 4 MiB",
+        "Whichever of the two is larger. A fused kernel keeps its scores and an argmax buffer, exact from the "
+        "shapes, plus scratch whose size follows the kernel configuration Triton picks on the card and the "
+        "late-interaction-kernels release (ours is newer than the published run's). A few MiB, or a tenth, is that; "
+        "a materialised grid at these batches is tens to thousands of MiB.",
+        relative=0.10, absolute_mib=4.0),
+    "memory-ratio": Tolerance(
+        "±12%",
+        "A ratio of a vanilla figure (±2.5%) to a fused one (±10%) is good to about the sum of the two.",
+        relative=0.12),
+    "growth": Tolerance(
+        "±10%",
+        "At fixed shapes a B² grid grows exactly ×4 per batch doubling and a per-pair buffer ×2; the two batches "
+        "draw different longest queries and pages, which moves a measured factor by a few percent. ±10% still "
+        "tells ×4 from ×2, which is the claim.",
+        relative=0.10),
+    "rounded": Tolerance(
+        "half a unit of the published figure's last digit",
+        "The published figure is itself rounded ('25 GiB'): any value that rounds to it agrees with it."),
+    "exact": Tolerance(
+        "the same outcome",
+        "Running out of memory or not is an outcome: it is the same or it is not (and, where the claim says, "
+        "in the same place: inside the MaxSim op or outside it)."),
+    "search": Tolerance(
+        "the search's resolution",
+        "A ceiling is searched (grids/ceilings.yaml: 8 steps, 3 seeds, the allocator's default setting) and is "
+        "known between the largest batch that trained every seed and the next probed batch that did not. A claim "
+        "holds if it holds everywhere in that range, does not hold if it fails everywhere in it; an unfinished "
+        "search decides nothing."),
+    "time": Tolerance(
+        "not compared",
+        "Our card is an H200 capped to an H100's usable memory: its memory behaves as the H100's, its speed does "
+        "not. Absolute seconds per step and samples per second are never compared; speed claims are re-tested as "
+        "ratios between backends on the same card."),
+    "time-ratio": Tolerance(
+        "±5%",
+        "A speed ratio between two backends on one card carries over to another card only roughly (the op's share "
+        "of a step changes with the card), and each median is repeatable to a few percent. Only cells timed under "
+        "the timing rule (their GPU and CPU cores to themselves, at least 8 steady steps) are compared; each of our "
+        "ratios carries its bootstrap 95% interval, and the claim holds where every interval reaches the band.",
+        relative=0.05),
+}
+
+
+def within(published: float, ours: float, relative: float, absolute: float = 0.0) -> bool:
+    """``ours`` within ``relative`` of ``published``, or within ``absolute`` of it, whichever is wider."""
+    return abs(ours - published) <= max(relative * abs(published), absolute)
+
+
+def last_digit_half(text: str) -> float:
+    """Half a unit of a written figure's last digit: '25' → 0.5, '1.81' → 0.005."""
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return 0.5 * 10.0**-decimals
+
+
+def digits_of(text: str) -> int:
+    """The significant digits of a written figure: '54.10' → 4, '2.40' → 3, '61' → 2, '0.0596' → 3."""
+    figures = text.replace(".", "").lstrip("0")
+    return max(1, len(figures))
+
+
+# ---- the claims ----------------------------------------------------------------------------------
+
+QUANTITIES = {
+    # one cell (stack, regime, batch, backend, card); memory in the claim's unit (GiB or MiB)
+    "op_held": "the MaxSim op's memory held for backward (isolated replay of the call that held the most)",
+    "op_backward": "the MaxSim op's backward spike on top of what it holds (isolated replay)",
+    "op_forward": "the MaxSim op's forward transient (isolated replay)",
+    "op_total": "the MaxSim op's held + backward spike (isolated replay)",
+    "step_peak_alloc": "the step peak allocated of a cell that trained",
+    "step_peak_reserved": "the step peak reserved of a cell that trained",
+    "pre_oom_alloc": "allocated memory at the peak before a cell ran out of memory",
+    "pre_oom_reserved": "reserved memory at the peak before a cell ran out of memory",
+    "oom_request": "the failed request of a cell's out-of-memory error",
+    "oom_unallocated": "memory reserved but unallocated when a cell ran out of memory (its error message)",
+    "outcome": "trains ('ok'), runs out of memory ('oom'), inside the op or outside it ('oom in maxsim' / 'oom elsewhere')",
+    "samples_per_sec": "samples per second (steady steps)",
+    "step_time": "seconds per step (steady median)",
+    # several cells
+    "op_reduction": "versus's op total over backend's, same batch",
+    "op_growth": "op total growth per batch doubling between two batches",
+    "same_oom": "every backend (|-separated) runs out of memory with the same allocated memory",
+    "speedup": "versus's steady step time over backend's, per batch (a range over the batches)",
+    # ceiling searches (grids/ceilings.yaml, default allocator)
+    "ceiling_below": "the backend's searched ceiling is below the batch (it cannot train it)",
+    "ceiling_at_least": "the backend's searched ceiling is at least the batch",
+    "ceiling_gain": "the backend's ceiling over versus's is at least the published factor",
+    "ceiling_same": "the backend's ceiling equals versus's",
+    # nothing of ours
+    "untestable": "a claim nothing of ours can test (its row says why)",
+}
+CEILING_QUANTITIES = {"ceiling_below", "ceiling_at_least", "ceiling_gain", "ceiling_same"}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One published claim (a row of ``published_claims.csv``)."""
+
+    id: str
+    section: str
+    claim: str
+    source: str
+    published: str  # as written in the source: '2.40', 'oom', '1.07–1.12'
+    unit: str
+    quantity: str
+    stack: str
+    regime: str
+    batches: tuple[int, ...]
+    backends: tuple[str, ...]
+    versus: str
+    card: str
+    tolerance: str
+    not_retestable: str = ""  # why no number of ours can test it (empty: it can)
+    if_differs: str = ""  # why our number may differ, said when it does
+
+    @property
+    def batch(self) -> int:
+        return self.batches[-1]
+
+    @property
+    def backend(self) -> str:
+        return self.backends[0]
+
+    @property
+    def value(self) -> float:
+        """The published figure as a number (the lower end of a range)."""
+        return float(self.published.split("–")[0])
+
+
+def parse_claim(row: dict[str, str]) -> Claim:
+    """A CSV row as a :class:`Claim`; a ValueError naming the row and field for anything it cannot use."""
+    where = f"published claim {row.get('id') or '(no id)'}"
+    missing_fields = [field for field in FIELDS if field not in row]
+    if missing_fields:
+        raise ValueError(f"{where}: no column {', '.join(missing_fields)} in {CLAIMS.name}")
+    if row["quantity"] not in QUANTITIES:
+        raise ValueError(f"{where}: quantity {row['quantity']!r} is not one of {', '.join(QUANTITIES)}")
+    if row["section"] not in SECTIONS:
+        raise ValueError(f"{where}: section {row['section']!r} is not one of {', '.join(SECTIONS)}")
+    if row["quantity"] != "untestable" and row["tolerance"] not in TOLERANCES:
+        raise ValueError(f"{where}: tolerance {row['tolerance']!r} is not one of {', '.join(TOLERANCES)}")
+    if row["quantity"] == "untestable" and not row["not_retestable"]:
+        raise ValueError(f"{where}: an untestable claim says why in not_retestable")
+    try:
+        batches = tuple(int(batch) for batch in row["batch"].split())
+    except ValueError:
+        raise ValueError(f"{where}: batch {row['batch']!r} is not whole numbers separated by spaces") from None
+    claim = Claim(
+        id=row["id"], section=row["section"], claim=row["claim"], source=row["source"], published=row["published"],
+        unit=row["unit"], quantity=row["quantity"], stack=row["stack"], regime=row["regime"], batches=batches,
+        backends=tuple(b.strip() for b in row["backend"].split("|") if b.strip()), versus=row["versus"],
+        card=row["card"], tolerance=row["tolerance"], not_retestable=row["not_retestable"], if_differs=row["if_differs"],
+    )  # fmt: skip
+    if claim.quantity not in {"untestable", "outcome", "same_oom", "ceiling_below", "ceiling_at_least", "ceiling_same"}:
+        try:
+            claim.value  # noqa: B018 - a published figure must read as a number
+        except ValueError:
+            raise ValueError(f"{where}: published {claim.published!r} is not a number") from None
+    return claim
+
+
+def read_claims(path: Path = CLAIMS) -> list[Claim]:
+    """Every published claim, in the file's order."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        claims = [parse_claim(row) for row in csv.DictReader(handle)]
+    ids = [claim.id for claim in claims]
+    duplicated = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicated:
+        raise ValueError(f"{path.name}: claim ids used twice: {', '.join(duplicated)}")
+    return claims
+
+
+# ---- the evidence --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the claims are tested against: the cells of the report's grids (ceiling probes and the
+    shared-GPU check left out, :func:`harness.report.data.load`) and the ceiling searches."""
+
+    cells: pd.DataFrame
+    searches: Sequence[SearchRow]
+    calls: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # the isolated replays, for their shapes
+
+
+def evidence(source: data.Source = None) -> Evidence:
+    results = data.results_of(source)
+    cells, calls = data.load(results)
+    return Evidence(cells, data.ceilings(results), calls)
+
+
+def op_tokens(calls: pd.DataFrame, cell: pd.Series) -> str:
+    """The tokens (query × document) of the replay a cell's op figures come from — the one that held the
+    most (:func:`harness.results.largest_isolated_call`) — as '52 × 771'; '' where there is none."""
+    if calls.empty or "path" not in calls:
+        return ""
+    mine = calls[(calls["path"] == cell["path"]) & ~calls["oom_in_replay"].astype(bool)]
+    if mine.empty:
+        return ""
+    return call_tokens(mine.loc[mine["saved_for_backward_mib"].idxmax()])
+
+
+def cell_of(cells: pd.DataFrame, claim: Claim, batch: int, backend: str) -> pd.Series | None:
+    """Our one cell of the claim's stack, regime and card at ``batch`` and ``backend``; None where there is none."""
+    if cells.empty or "backend" not in cells:
+        return None
+    found = data.matching(cells, stack=claim.stack, regime=claim.regime, batch_size=batch, backend=backend, card=claim.card)
+    return None if found.empty else found.iloc[0]
+
+
+def resolves(claim: Claim, evidence: Evidence) -> list[str]:
+    """What the claim's key names and the evidence lacks (empty: every cell or search it names is there)."""
+    if claim.not_retestable:
+        return []
+    if claim.quantity in CEILING_QUANTITIES:
+        names = list(claim.backends) + ([claim.versus] if claim.versus else [])
+        return [f"search {claim.stack} · {claim.regime} · {name} on {claim.card}" for name in names
+                if find_search(evidence.searches, claim.stack, claim.regime, name, claim.card) is None]  # fmt: skip
+    names = list(claim.backends) + ([claim.versus] if claim.versus else [])
+    return [f"cell {claim.stack} · {claim.regime} · B={batch} · {name} on {claim.card}" for batch in claim.batches
+            for name in names if cell_of(evidence.cells, claim, batch, name) is None]  # fmt: skip
+
+
+# ---- verdicts ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A claim re-tested: its status, our number as text, and the reason (the difference against the
+    tolerance, what contradicts it, or why it waits)."""
+
+    status: Status
+    ours: str
+    reason: str = ""
+    waits_on: str = ""  # a key of WAITS for a claim not re-tested
+
+    @property
+    def text(self) -> str:
+        """'holds: +51.7 MiB (+2.1%), within ±2% or 64 MiB', 'not yet re-tested: …'."""
+        if self.status == "not re-tested":
+            return self.reason
+        return f"{self.status}: {self.reason}" if self.reason else self.status
+
+
+def waiting(ours: str, reason: str, waits_on: str) -> Verdict:
+    return Verdict("not re-tested", ours, reason, waits_on)
+
+
+def no_cell(claim: Claim, batch: int, backend: str) -> Verdict:
+    return waiting("—", f"not yet re-tested: no cell of ours at B={batch} with {backend}", "no cell")
+
+
+def memory_words(value_mib: float, unit: str, digits: int = 3) -> str:
+    """A memory figure in a claim's unit: '2.45 GiB', '60.3 MiB'."""
+    value = value_mib * GIB_PER_MIB if unit == "GiB" else value_mib
+    return f"{significant(value, digits, whole=True)} {unit}"
+
+
+def to_mib(value: float, unit: str) -> float:
+    return value * 1024 if unit == "GiB" else value
+
+
+def signed_mib(delta_mib: float) -> str:
+    """'+51.7 MiB', '−17.8 MiB', '0 MiB'."""
+    if delta_mib == 0:
+        return "0 MiB"
+    sign = "+" if delta_mib > 0 else "−"
+    return f"{sign}{significant(abs(delta_mib), 3, whole=True)} MiB"
+
+
+def compare_memory(published_mib: float, ours_mib: float, tolerance: Tolerance, floor_mib: float | None = None,
+                   if_differs: str = "") -> tuple[Status, str]:  # fmt: skip
+    """A memory figure against the published one: 'holds' within the tolerance, else 'differs'; with the difference."""
+    floor = tolerance.absolute_mib if floor_mib is None else floor_mib
+    delta = ours_mib - published_mib
+    difference = signed_mib(delta) + (f" ({share(delta, published_mib)})" if published_mib else "")
+    if within(published_mib, ours_mib, tolerance.relative, floor):
+        return "holds", f"{difference}, within {tolerance_words(tolerance, floor)}"
+    reason = f"{difference}, outside {tolerance_words(tolerance, floor)}"
+    return "differs", reason + (f"; {if_differs}" if if_differs else "")
+
+
+def compare_ratio(published: float, ours: float, tolerance: Tolerance, if_differs: str = "") -> tuple[Status, str]:
+    """A factor against the published one: 'holds' within the tolerance, else 'differs'; with the difference."""
+    difference = share(ours - published, published)
+    if within(published, ours, tolerance.relative):
+        return "holds", f"{difference}, within {tolerance.reads}"
+    return "differs", f"{difference}, outside {tolerance.reads}" + (f"; {if_differs}" if if_differs else "")
+
+
+def share(delta: float, published: float) -> str:
+    """A difference as a signed share of the published value: '+2.1%', '−28.8%', '< 0.1%'."""
+    if delta == 0:
+        return "0%"
+    text = percent(100 * delta / published)
+    return "< 0.1%" if text == "0%" else text.replace("-", "−")
+
+
+def tolerance_words(tolerance: Tolerance, floor_mib: float) -> str:
+    if floor_mib != tolerance.absolute_mib:  # a rounded figure: its own half unit
+        return f"±{significant(floor_mib * GIB_PER_MIB, 1)} GiB (the published rounding)" if floor_mib >= 512 else (
+            f"±{significant(floor_mib, 1)} MiB (the published rounding)")  # fmt: skip
+    return tolerance.reads
+
+
+def outcome_words(cell: pd.Series) -> str:
+    """'trains', 'OOM in the MaxSim op', 'OOM outside the op', or the outcome as recorded."""
+    if cell["outcome"] == "ok":
+        return "trains"
+    if cell["outcome"] == "oom":
+        return {"maxsim": "OOM in the MaxSim op", "elsewhere": "OOM outside the op"}.get(str(cell["oom_where"]), "OOM")
+    return str(cell["outcome"])
+
+
+def message_mib(message: object, pattern: str) -> float | None:
+    """A size named in an OOM message (``pattern`` has the number and unit as its two groups), in MiB."""
+    if missing(message):
+        return None
+    found = re.search(pattern, str(message))
+    if not found:
+        return None
+    return to_mib(float(found.group(1)), found.group(2))
+
+
+REQUEST = r"Tried to allocate ([0-9.]+) (GiB|MiB)"
+UNALLOCATED = r"([0-9.]+) (GiB|MiB) is reserved by PyTorch but unallocated"
+
+
+def measured_mib(cell: pd.Series, quantity: str) -> float | None:
+    """One cell's memory quantity in MiB (None where the cell has none)."""
+    columns = {
+        "op_held": ["op_saved_for_backward_mib"], "op_backward": ["op_backward_transient_peak_mib"],
+        "op_forward": ["op_forward_transient_peak_mib"],
+        "op_total": ["op_saved_for_backward_mib", "op_backward_transient_peak_mib"],
+        "step_peak_alloc": ["step_peak_alloc_mib"], "step_peak_reserved": ["step_peak_reserved_mib"],
+        "pre_oom_alloc": ["pre_oom_alloc_mib"], "pre_oom_reserved": ["pre_oom_reserved_mib"],
+    }  # fmt: skip
+    if quantity == "oom_request":
+        return message_mib(cell["oom_message"], REQUEST)
+    if quantity == "oom_unallocated":
+        return message_mib(cell["oom_message"], UNALLOCATED)
+    values = [cell.get(column) for column in columns[quantity]]
+    return None if any(missing(value) for value in values) else float(sum(values))  # type: ignore[arg-type]
+
+
+NEEDS = {"step_peak_alloc": "ok", "step_peak_reserved": "ok", "pre_oom_alloc": "oom", "pre_oom_reserved": "oom",
+         "oom_request": "oom", "oom_unallocated": "oom"}  # fmt: skip
+
+
+def check_memory(claim: Claim, evidence: Evidence) -> Verdict:
+    """One cell's memory figure against the published one (the cell must have the outcome the figure presumes)."""
+    cell = cell_of(evidence.cells, claim, claim.batch, claim.backend)
+    if cell is None:
+        return no_cell(claim, claim.batch, claim.backend)
+    needed = NEEDS.get(claim.quantity)
+    if needed is not None and cell["outcome"] != needed:
+        said = "trained" if needed == "ok" else "ran out of memory"
+        return Verdict("does not hold", outcome_words(cell), f"the published cell {said}; ours: {outcome_words(cell).lower()}")
+    ours = measured_mib(cell, claim.quantity)
+    if ours is None:
+        return waiting("—", f"not yet re-tested: our cell recorded no {QUANTITIES[claim.quantity]}", "no cell")
+    tolerance = TOLERANCES[claim.tolerance]
+    floor = to_mib(last_digit_half(claim.published), claim.unit) if claim.tolerance == "rounded" else None
+    status, reason = compare_memory(to_mib(claim.value, claim.unit), ours, tolerance, floor, claim.if_differs)
+    words = memory_words(ours, claim.unit, max(3, digits_of(claim.published)))
+    tokens = op_tokens(evidence.calls, cell) if claim.quantity.startswith("op_") else ""
+    return Verdict(status, f"{words} ({tokens} tokens)" if tokens else words, reason)
+
+
+def check_outcome(claim: Claim, evidence: Evidence) -> Verdict:
+    """Trains or runs out of memory (and where, if the claim says), as published."""
+    cell = cell_of(evidence.cells, claim, claim.batch, claim.backend)
+    if cell is None:
+        return no_cell(claim, claim.batch, claim.backend)
+    ours = outcome_words(cell)
+    if cell["outcome"] == "oom" and not missing(cell["oom_message"]):
+        ours += f" ({failed_request(cell['oom_message'])})"
+    wanted = claim.published.split()
+    same = cell["outcome"] == wanted[0] and (len(wanted) == 1 or str(cell["oom_where"]) == wanted[-1])
+    return Verdict("holds" if same else "does not hold", ours)
+
+
+def check_same_oom(claim: Claim, evidence: Evidence) -> Verdict:
+    """Every named backend runs out of memory, with allocated memory equal within the memory tolerance."""
+    cells = []
+    for backend in claim.backends:
+        cell = cell_of(evidence.cells, claim, claim.batch, backend)
+        if cell is None:
+            return no_cell(claim, claim.batch, backend)
+        cells.append(cell)
+    names = ", ".join(claim.backends)
+    trained = [backend for backend, cell in zip(claim.backends, cells, strict=True) if cell["outcome"] != "oom"]
+    if trained:
+        return Verdict("does not hold", f"{', '.join(trained)} trains", "not every backend runs out of memory")
+    allocated = [float(cell["pre_oom_alloc_mib"]) for cell in cells]
+    spread = max(allocated) - min(allocated)
+    where = sorted({outcome_words(cell) for cell in cells})
+    same_place = len(where) == 1
+    at = (f"{memory_words(allocated[0], 'GiB')} allocated each" if spread == 0
+          else " / ".join(memory_words(value, "GiB") for value in allocated) + " allocated")  # fmt: skip
+    ours = f"{names}: {' / '.join(where)} at {at}"
+    tolerance = TOLERANCES[claim.tolerance]
+    if within(max(allocated), min(allocated), tolerance.relative, tolerance.absolute_mib) and same_place:
+        return Verdict("holds", ours, f"allocated memory apart by {signed_mib(spread).lstrip('+')}, within {tolerance.reads}")
+    return Verdict("does not hold", ours, "they run out in different places or with different memory")
+
+
+def check_op_reduction(claim: Claim, evidence: Evidence) -> Verdict:
+    """The op's memory with ``versus`` over the op's memory with the backend, at one batch."""
+    totals = []
+    for backend in (claim.versus, claim.backend):
+        cell = cell_of(evidence.cells, claim, claim.batch, backend)
+        if cell is None:
+            return no_cell(claim, claim.batch, backend)
+        total = measured_mib(cell, "op_total")
+        if total is None:
+            return waiting("—", f"not yet re-tested: no op replay of {backend} at B={claim.batch}", "no cell")
+        totals.append(total)
+    ratio = totals[0] / totals[1]
+    status, reason = compare_ratio(claim.value, ratio, TOLERANCES[claim.tolerance], claim.if_differs)
+    ours = f"{significant(ratio, 3, whole=True)}× ({memory_words(totals[0], 'GiB')} / {memory_words(totals[1], 'MiB')})"
+    return Verdict(status, ours, reason)
+
+
+def growth_per_doubling(batches: tuple[int, int], values: tuple[float, float]) -> float:
+    """How much a quantity grows per batch doubling between two batches: (v1/v0)^(1/log2(b1/b0))."""
+    return float((values[1] / values[0]) ** (1 / math.log2(batches[1] / batches[0])))
+
+
+def check_op_growth(claim: Claim, evidence: Evidence) -> Verdict:
+    """The op's memory growth per batch doubling between the claim's two batches."""
+    totals = []
+    for batch in claim.batches:
+        cell = cell_of(evidence.cells, claim, batch, claim.backend)
+        if cell is None:
+            return no_cell(claim, batch, claim.backend)
+        total = measured_mib(cell, "op_total")
+        if total is None:
+            return waiting("—", f"not yet re-tested: no op replay of {claim.backend} at B={batch}", "no cell")
+        totals.append(total)
+    first, last = claim.batches[0], claim.batches[-1]
+    factor = growth_per_doubling((first, last), (totals[0], totals[-1]))
+    status, reason = compare_ratio(claim.value, factor, TOLERANCES[claim.tolerance], claim.if_differs)
+    ours = f"{significant(factor, 3)}× (B={first} → {last}: {memory_words(totals[0], 'MiB')} → {memory_words(totals[-1], 'MiB')})"
+    return Verdict(status, ours, reason)
+
+
+def timing_doubt(cells: Sequence[pd.Series]) -> str:
+    """Why the step times of ``cells`` cannot be re-tested yet ('' where they can): a result must record
+    that its times are the card's (the timing rule, issue 16) and rest on at least 8 steady steps
+    (spec §1); a probe measured beside others on a shared GPU never can."""
+    reasons = []
+    if any(not missing(cell.get("gpu_share_gib")) for cell in cells):
+        reasons.append("measured on a shared GPU")
+    steady = min(int(cell["n_steady_steps"]) for cell in cells)
+    if steady < MIN_STEADY_STEPS:
+        reasons.append(f"{steady} steady steps, not {MIN_STEADY_STEPS}")
+    if any(missing(cell.get(COMPARABLE)) or not bool(cell.get(COMPARABLE)) for cell in cells):
+        reasons.append("no timing-rule record")
+    return "; ".join(reasons)
+
+
+def check_time(claim: Claim, evidence: Evidence) -> Verdict:
+    """An absolute time or throughput: never compared across cards; ours shown, and why it waits."""
+    cell = cell_of(evidence.cells, claim, claim.batch, claim.backend)
+    if cell is None:
+        return no_cell(claim, claim.batch, claim.backend)
+    if cell["outcome"] != "ok":
+        return Verdict("does not hold", outcome_words(cell), f"the published cell trained; ours: {outcome_words(cell).lower()}")
+    column = "steady_step_time_sec" if claim.quantity == "step_time" else "samples_per_sec"
+    ours = "—" if missing(cell[column]) else f"{significant(float(cell[column]), 3)} {claim.unit}"
+    doubt = timing_doubt([cell])
+    if doubt:
+        return waiting(ours, f"{TIMES_WAIT}; ours: {doubt}", "times")
+    return waiting(ours, "not compared: an absolute time on our H200 is not one on an H100 (the speed ratios are "
+                   "re-tested instead)", "absolute")  # fmt: skip
+
+
+def steady_times(cell: pd.Series) -> list[float]:
+    """A cell's steady step times (its median alone where a frame carries no list of them)."""
+    times = cell.get("steady_times_sec")
+    return list(times) if isinstance(times, list | tuple) and times else [float(cell["steady_step_time_sec"])]
+
+
+def check_speedup(claim: Claim, evidence: Evidence) -> Verdict:
+    """``versus``'s steady step time over the backend's, per batch; the range over the claim's batches."""
+    ratios, cells = [], []
+    for batch in claim.batches:
+        pair = [cell_of(evidence.cells, claim, batch, backend) for backend in (claim.versus, claim.backend)]
+        for backend, cell in zip((claim.versus, claim.backend), pair, strict=True):
+            if cell is None:
+                return no_cell(claim, batch, backend)
+        base, fused = pair[0], pair[1]
+        assert base is not None and fused is not None
+        if base["outcome"] != "ok" or fused["outcome"] != "ok":
+            continue
+        cells += [base, fused]
+        ratios.append(float(base["steady_step_time_sec"]) / float(fused["steady_step_time_sec"]))
+    if not ratios:
+        return waiting("—", "not yet re-tested: no batch where both cells trained", "no cell")
+    low, high = min(ratios), max(ratios)
+    ours = f"{low:.2f}×" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}–{high:.2f}×"
+    doubt = timing_doubt(cells)
+    if doubt:
+        return waiting(ours, f"{TIMES_WAIT}; ours: {doubt}", "times")
+    # each batch's ratio with its bootstrap 95% interval (harness.report.timing): the claim holds where
+    # every interval reaches the published value's tolerance band
+    pairs = zip(cells[::2], cells[1::2], strict=True)
+    intervals = [timing.ratio(steady_times(base), steady_times(fused)) for base, fused in pairs]
+    ours = "; ".join(f"{r.value:.2f}× ({r.low:.2f}–{r.high:.2f})" for r in intervals)
+    published = [float(value) for value in claim.published.split("–")]
+    tolerance = TOLERANCES[claim.tolerance]
+    band = (min(published) * (1 - tolerance.relative), max(published) * (1 + tolerance.relative))
+    if all(r.high >= band[0] and r.low <= band[1] for r in intervals):
+        return Verdict("holds", ours, f"every 95% interval reaches {tolerance.reads} of the published {claim.published}×")
+    return Verdict("differs", ours, f"a 95% interval lies outside {tolerance.reads} of the published {claim.published}×")
+
+
+def ceiling_range(row: SearchRow) -> tuple[int, float]:
+    """Where a finished search puts the ceiling: (the largest batch that trained every seed, the largest
+    it can be: one less than the smallest batch that failed, or infinity where none did)."""
+    assert row.fits is not None
+    return row.fits, (row.fails - 1 if row.fails is not None else math.inf)
+
+
+def search_verdict(row: SearchRow | None, what: str) -> Verdict | None:
+    """A 'not re-tested' verdict for a search that cannot decide anything yet (None: it can)."""
+    if row is None:
+        return waiting("—", f"not yet re-tested: grids/ceilings.yaml has no search of {what}", "search")
+    if row.probes == 0:
+        return waiting("not run", f"not yet re-tested: the ceiling search of {what} has not run (issue 18)", "search")
+    if not row.done or row.stopped:
+        return waiting(ceiling_text(row), f"not yet re-tested: the ceiling search of {what} is unfinished (issue 18)", "search")
+    return None
+
+
+def check_ceiling_bound(claim: Claim, evidence: Evidence) -> Verdict:
+    """The backend's searched ceiling below the batch (``ceiling_below``) or at least it (``ceiling_at_least``)."""
+    row = find_search(evidence.searches, claim.stack, claim.regime, claim.backend, claim.card)
+    pending = search_verdict(row, claim.backend)
+    if pending is not None:
+        return pending
+    assert row is not None
+    batch, ours = claim.batch, f"ceiling {ceiling_text(row)}"
+    low, high = (0, row.fails - 1) if row.fits is None and row.fails is not None else ceiling_range(row)
+    below = claim.quantity == "ceiling_below"
+    if (high < batch) if below else (low >= batch):
+        if below:
+            return Verdict("holds", ours, f"B={row.fails} failed on some seed" + (f"; {low} trained every seed" if low else ""))
+        return Verdict("holds", ours, f"B={low} trained every seed")
+    if (low >= batch) if below else (high < batch):
+        return Verdict("does not hold", ours, f"B={low} trained every seed" if below else f"B={row.fails} failed on some seed")
+    return waiting(ours, f"not yet re-tested: the search's resolution does not decide B={batch}", "search")
+
+
+def check_ceiling_ratio(claim: Claim, evidence: Evidence) -> Verdict:
+    """The backend's ceiling over ``versus``'s: at least the published factor (``ceiling_gain``), or the
+    same (``ceiling_same``), anywhere in the range the two searches leave."""
+    rows = {name: find_search(evidence.searches, claim.stack, claim.regime, name, claim.card)
+            for name in (claim.backend, claim.versus)}  # fmt: skip
+    for name, row in rows.items():
+        pending = search_verdict(row, name)
+        if pending is not None:
+            return pending
+    fused, base = rows[claim.backend], rows[claim.versus]
+    assert fused is not None and base is not None
+    if fused.fits is None or base.fits is None:
+        return waiting("—", "not yet re-tested: a search found no batch that trains", "search")
+    (fused_low, fused_high), (base_low, base_high) = ceiling_range(fused), ceiling_range(base)
+    least, most = fused_low / base_high, fused_high / base_low
+    ours = (f"{claim.backend} {ceiling_text(fused)} vs {claim.versus} {ceiling_text(base)} "
+            f"({_factor_range(least, most)})" + _expandable_words(claim, evidence))  # fmt: skip
+    if claim.quantity == "ceiling_same":
+        if fused_low <= base_high and base_low <= fused_high:
+            return Verdict("holds", ours, "the two ceilings are the same to the searches' resolution")
+        return Verdict("does not hold", ours, f"{claim.backend}'s ceiling is {_factor_range(least, most)} {claim.versus}'s")
+    if least >= claim.value:
+        return Verdict("holds", ours, f"{claim.backend}'s ceiling is at least {claim.published}× {claim.versus}'s")
+    if most < claim.value:
+        factor = _factor_range(least, most)
+        return Verdict("does not hold", ours, f"{claim.backend}'s ceiling is {factor} {claim.versus}'s, not {claim.published}×")
+    return waiting(ours, "not yet re-tested: the searches' resolution does not decide the factor", "search")
+
+
+def _factor_range(least: float, most: float) -> str:
+    """'1.26–1.39×', '≥ 1.50×', '1.33×'."""
+    if math.isinf(most):
+        return f"≥ {least:.2f}×"
+    return f"{least:.2f}×" if f"{least:.2f}" == f"{most:.2f}" else f"{least:.2f}–{most:.2f}×"
+
+
+def _expandable_words(claim: Claim, evidence: Evidence) -> str:
+    """The same two ceilings with expandable segments, where both of those searches finished ('' otherwise)."""
+    rows = [find_search(evidence.searches, claim.stack, claim.regime, name, claim.card, "expandable")
+            for name in (claim.backend, claim.versus)]  # fmt: skip
+    if any(row is None or row.settled is None for row in rows):
+        return ""
+    return f"; with expandable segments {ceiling_text(rows[0])} vs {ceiling_text(rows[1])}"  # type: ignore[arg-type]
+
+
+def check_untestable(claim: Claim, evidence: Evidence) -> Verdict:
+    return waiting("—", f"not re-testable: {claim.not_retestable}", "untestable")
+
+
+CHECKS: dict[str, Callable[[Claim, Evidence], Verdict]] = {
+    **{quantity: check_memory for quantity in ("op_held", "op_backward", "op_forward", "op_total", "step_peak_alloc",
+                                               "step_peak_reserved", "pre_oom_alloc", "pre_oom_reserved", "oom_request",
+                                               "oom_unallocated")},
+    "outcome": check_outcome, "same_oom": check_same_oom, "op_reduction": check_op_reduction,
+    "op_growth": check_op_growth, "step_time": check_time, "samples_per_sec": check_time, "speedup": check_speedup,
+    "ceiling_below": check_ceiling_bound, "ceiling_at_least": check_ceiling_bound, "ceiling_gain": check_ceiling_ratio,
+    "ceiling_same": check_ceiling_ratio, "untestable": check_untestable,
+}  # fmt: skip
+
+
+def retest(claim: Claim, evidence: Evidence) -> Verdict:
+    """One claim against the evidence."""
+    if claim.not_retestable:
+        wait = "untestable" if claim.quantity == "untestable" else "no cell"
+        return waiting("—", f"not {'re-testable' if wait == 'untestable' else 'yet re-tested'}: {claim.not_retestable}", wait)
+    return CHECKS[claim.quantity](claim, evidence)
+
+
+def retest_all(source: data.Source = None, claims: Sequence[Claim] | None = None) -> list[tuple[Claim, Verdict]]:
+    """Every published claim (default: ``published_claims.csv``) against the committed results (or ``source``)."""
+    found = evidence(source)
+    return [(claim, retest(claim, found)) for claim in (read_claims() if claims is None else claims)]
+
+
+# ---- what the page shows -------------------------------------------------------------------------
+
+
+def published_words(claim: Claim) -> str:
+    """The published value as a table cell: '2.40 GiB', 'OOM in the MaxSim op', '~130×', 'OOM at 128'."""
+    if claim.quantity == "outcome":
+        return {"ok": "trains", "oom": "OOM", "oom in maxsim": "OOM in the MaxSim op",
+                "oom elsewhere": "OOM outside the op"}.get(claim.published, claim.published)  # fmt: skip
+    if claim.quantity == "same_oom":
+        return "OOM, identically"
+    if claim.quantity == "ceiling_below":
+        return f"OOM at {claim.published}"
+    if claim.quantity == "ceiling_at_least":
+        return f"trains {claim.published}"
+    if claim.quantity == "ceiling_same":
+        return "the same ceiling"
+    if claim.quantity == "ceiling_gain":
+        return f"{claim.published}×"
+    if claim.quantity == "untestable":
+        return claim.published
+    if claim.unit == "×":
+        return f"{claim.published}×"
+    return f"{claim.published} {claim.unit}"
+
+
+def claims_table(rows: Sequence[tuple[Claim, Verdict]]) -> pd.DataFrame:
+    """One row per claim: the claim, its source, the published value, ours, the verdict."""
+    return pd.DataFrame(
+        [{"claim": claim.claim, "source": claim.source, "published": published_words(claim), "ours": verdict.ours,
+          "verdict": verdict.text} for claim, verdict in rows],
+        columns=["claim", "source", "published", "ours", "verdict"],
+    )  # fmt: skip
+
+
+def by_section(rows: Sequence[tuple[Claim, Verdict]]) -> dict[str, list[tuple[Claim, Verdict]]]:
+    """The rows grouped by section, in :data:`SECTIONS` order (sections with no claim left out)."""
+    return {title: chosen for key, title in SECTIONS.items() if (chosen := [r for r in rows if r[0].section == key])}
+
+
+def counts(rows: Sequence[tuple[Claim, Verdict]]) -> dict[str, int]:
+    """How many claims have each status."""
+    return {status: sum(verdict.status == status for _, verdict in rows) for status in STATUSES}
+
+
+def _plural(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
+def summary(rows: Sequence[tuple[Claim, Verdict]]) -> str:
+    """The verdicts in one paragraph: how many hold, differ, do not hold, and why the rest wait."""
+    if not rows:
+        return "No published claims are listed."
+    n = counts(rows)
+    text = (f"Of the {len(rows)} quantitative claims of the published work, {n['holds']} "
+            f"{'holds' if n['holds'] == 1 else 'hold'}, {n['differs']} {'differs' if n['differs'] == 1 else 'differ'} "
+            f"and {n['does not hold']} {'does' if n['does not hold'] == 1 else 'do'} not hold on our data.")  # fmt: skip
+    waits = [verdict.waits_on for _, verdict in rows if verdict.status == "not re-tested"]
+    if waits:
+        parts = [f"{_plural(waits.count(key), one, several)}{why}" for key, (one, several, why) in WAITS.items()
+                 if waits.count(key)]  # fmt: skip
+        text += f" {n['not re-tested']} {'is' if n['not re-tested'] == 1 else 'are'} not re-tested yet: " + "; ".join(parts) + "."
+    return text
+
+
+def contradictions(rows: Sequence[tuple[Claim, Verdict]]) -> list[str]:
+    """Every claim that does not hold or differs, in a line: the claim, the published value, ours, why."""
+    return [f"**{verdict.status}** — {claim.claim} (published {published_words(claim)}; ours {verdict.ours}): {verdict.reason}"
+            for claim, verdict in rows if verdict.status in ("does not hold", "differs")]  # fmt: skip
+
+
+def tolerance_table() -> pd.DataFrame:
+    """Each tolerance class the claims use: how it reads and why it is that wide."""
+    used = {claim.tolerance for claim in read_claims()}
+    return pd.DataFrame([{"tolerance": tolerance.reads, "why": tolerance.why}
+                         for name, tolerance in TOLERANCES.items() if name in used])  # fmt: skip

@@ -1,0 +1,133 @@
+"""Step-time statistics the pages may publish: medians with their spread, ratios with intervals.
+
+Only results that met the timing rule (:mod:`harness.host`: the GPU alone and no other cell on the
+cell's CPU cores while it trained) have times the pages show as the card's. A cell's steady steps
+(after warm-up, none that autotuned) give its median and p10–p90; a ratio between two cells is
+the ratio of their medians with a bootstrap 95% interval (each cell's steady steps resampled with
+replacement, seeded so the book is reproducible). An interval that contains 1.0 reads "no
+measurable difference". Autotuning is reported apart: the first step and every step that tuned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from harness.results import CellResult
+
+BOOTSTRAP_RESAMPLES = 4000
+BOOTSTRAP_SEED = 0
+REPEAT_TOLERANCE = 0.03  # two runs of one cell agree when their medians differ by at most 3%
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+    """A cell's steady step times: how many, their median and p10–p90 (seconds)."""
+
+    times: tuple[float, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.times)
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.times))
+
+    @property
+    def p10(self) -> float:
+        return float(np.percentile(self.times, 10))
+
+    @property
+    def p90(self) -> float:
+        return float(np.percentile(self.times, 90))
+
+
+@dataclasses.dataclass(frozen=True)
+class Ratio:
+    """``value`` = median(a) / median(b), with the bootstrap 95% interval [low, high]."""
+
+    value: float
+    low: float
+    high: float
+
+    @property
+    def measurable(self) -> bool:
+        """False when the interval contains 1.0: no measurable difference."""
+        return not self.low <= 1.0 <= self.high
+
+
+@dataclasses.dataclass(frozen=True)
+class Autotune:
+    """What autotuning cost a cell: its first step, and each later step that tuned, against its median."""
+
+    first_step_sec: float
+    retune_steps_sec: tuple[float, ...]
+    steady_median_sec: float | None
+
+
+def steady_times(result: CellResult) -> StepTimes | None:
+    """The steady step times of a result whose times may be published; None otherwise."""
+    if not result.times_comparable or result.outcome != "ok" or not result.steady_steps:
+        return None
+    return StepTimes(tuple(result.step_times_sec[i] for i in result.steady_steps))
+
+
+def ratio(a: Sequence[float], b: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Ratio:
+    """median(a) / median(b) and its bootstrap 95% interval."""
+    first, second = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if not len(first) or not len(second):
+        raise ValueError("a ratio needs steady steps on both sides")
+    rng = np.random.default_rng(seed)
+    ratios = (np.median(rng.choice(first, (resamples, len(first))), axis=1)
+              / np.median(rng.choice(second, (resamples, len(second))), axis=1))  # fmt: skip
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return Ratio(float(np.median(first) / np.median(second)), float(low), float(high))
+
+
+def speed_ratio(cell: CellResult, vanilla: CellResult) -> Ratio | None:
+    """The cell's speed relative to vanilla: vanilla's median step time over the cell's (above 1:
+    the cell is faster), with its interval. None unless both cells' times may be published."""
+    mine, theirs = steady_times(cell), steady_times(vanilla)
+    if mine is None or theirs is None:
+        return None
+    return ratio(theirs.times, mine.times)
+
+
+def autotune(result: CellResult) -> Autotune | None:
+    """The first step's time and the times of later steps that autotuned (a fused kernel tuning for
+    a new shape bucket), next to the steady median; None without step times."""
+    if not result.step_times_sec:
+        return None
+    retunes = tuple(result.step_times_sec[i] for i in result.autotune_steps if i > 0)
+    steady = steady_times(result)
+    return Autotune(result.step_times_sec[0], retunes, None if steady is None else steady.median)
+
+
+def ratio_words(value: Ratio, faster: str = "faster", slower: str = "slower") -> str:
+    """``1.31× faster (1.25–1.37)`` or ``no measurable difference (0.97–1.04)``; three decimals
+    where two would print a measurable difference as 1.00."""
+    digits = 3 if f"{value.value:.2f}" == "1.00" or f"{value.low:.2f}" == f"{value.high:.2f}" == "1.00" else 2
+    interval = f"{value.low:.{digits}f}–{value.high:.{digits}f}"
+    if not value.measurable:
+        return f"no measurable difference ({interval})"
+    word = faster if value.value > 1 else slower
+    return f"{value.value:.{digits}f}× {word} ({interval})"
+
+
+def repeat_gap(first: StepTimes, second: StepTimes) -> float:
+    """How far two runs' medians differ, relative to the first: |m2 - m1| / m1."""
+    return abs(second.median - first.median) / first.median
+
+
+def repeat_gaps(pairs: Sequence[tuple[CellResult, CellResult]]) -> list[tuple[CellResult, StepTimes, StepTimes, float]]:
+    """Each pair of runs of one cell whose times may both be published: the first run, both runs'
+    steady times, and how far their medians are apart (:func:`repeat_gap`)."""
+    gaps = []
+    for first, second in pairs:
+        one, two = steady_times(first), steady_times(second)
+        if one is not None and two is not None:
+            gaps.append((first, one, two, repeat_gap(one, two)))
+    return gaps

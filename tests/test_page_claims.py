@@ -1,0 +1,181 @@
+"""The qualitative sentences the book's pages keep as fixed text, checked against the committed results.
+
+A page sentence that the data could contradict is either computed (``harness.report.prose``) or
+checked here: if a new result breaks one of these, the test names the sentence to rewrite. Each test
+quotes the page and the words it backs.
+"""
+
+import re
+
+import pandas as pd
+import pytest
+
+from harness.report import data, plots, tables
+from harness.report.text import oom_held_mib
+from harness.spec import CARDS, CONTEXT_GIB
+from test_book import ROOT
+
+
+@pytest.fixture(scope="module")
+def committed():
+    results = data.read()
+    cells, calls = data.load(results)
+    return results, cells, calls
+
+
+def replays(calls: pd.DataFrame) -> pd.DataFrame:
+    """Replayed calls that did not run out of memory, with the op's footprint (held + backward spike)."""
+    ok = calls[~calls["oom_in_replay"].astype(bool)]
+    return ok.assign(total_mib=ok["saved_for_backward_mib"] + ok["backward_transient_peak_mib"])
+
+
+def test_the_vanilla_grid_grows_with_the_square_of_the_batch_and_the_fused_kernels_never_build_it(committed):
+    """intro.md: "the plain PyTorch implementation materialises a `[B, B, Lq, Ld]` similarity grid whose memory
+    grows with the *square* of the batch size. Fused kernels (late-interaction-kernels, flash-maxsim) never
+    materialise it"; colpali.md: the grid "is kept for `amax`'s backward"."""
+    _, _, calls = committed
+    ok = replays(calls[calls["stack"].isin(["colpali", "pylate"])])
+    checked = 0
+    for (stack, regime, card, backend), group in ok.groupby(["stack", "regime", "card", "backend"]):
+        footprint = group.groupby("batch_size")["total_mib"].max().sort_index()
+        if len(footprint) < 2:
+            continue
+        factor = plots.doubling_factors(footprint.index.to_numpy(float), footprint.to_numpy(float))
+        grid = group.groupby("batch_size")["predicted_grid_mib"].max()
+        where = f"{stack} · {regime} on {card}, {backend}"
+        if backend == "vanilla":
+            assert 3.5 <= factor <= 4.6, f"{where}: ×{factor:.2f} per doubling, not the B² of a grid"
+        elif backend in ("lik", "flash"):
+            assert factor <= 2.5, f"{where}: ×{factor:.2f} per doubling, a fused op growing like a grid"
+            share = footprint / grid
+            assert (share < 0.25).all() and (share[share.index >= 128] < 0.06).all(), f"{where}: {share.to_dict()}"
+        checked += 1
+    assert checked >= 10
+    colpali = ok[(ok["stack"] == "colpali") & (ok["backend"] == "vanilla")]
+    shapes = zip(colpali["query_shape"], colpali["doc_shape"], strict=True)
+    grid_bytes = [q[0] * d[0] * q[1] * d[1] * 4 / 2**20 for q, d in shapes]
+    assert colpali["predicted_grid_mib"].to_numpy() == pytest.approx(grid_bytes)
+    assert ((colpali["saved_for_backward_mib"] - colpali["predicted_saved_for_backward_mib"]).abs() <= 1.0).all()
+    assert (colpali["saved_for_backward_mib"] >= colpali["predicted_grid_mib"]).all()  # the grid itself is held
+
+
+def test_pylate_pads_every_query_to_48_tokens_and_every_document_to_300(committed):
+    """pylate-*.md: "queries [B, 48, 128], documents [B, 2, 300, 128], fp32 scores" and "PyLate pads every query
+    to 48 tokens and every document to 300, so the text changes which tokens are real but not a single tensor
+    shape"."""
+    _, _, calls = committed
+    pylate = calls[calls["stack"] == "pylate"]
+    assert len(pylate) > 20
+    for query, doc, dtype in zip(pylate["query_shape"], pylate["doc_shape"], pylate["dtype"], strict=True):
+        # the batch dimension is a chunk of queries for PyLate's chunked scoring, so only the rest is fixed
+        assert (list(query)[1:], list(doc)[1:], str(dtype)) == ([48, 128], [2, 300, 128], "float32")
+    chunked = pylate[pylate["backend"] == "vanilla + chunk 64"]  # intro.md: "computes it in query chunks"
+    assert len(chunked) > 0 and all(list(query)[0] == 64 for query in chunked["query_shape"])
+
+
+def test_every_step_time_shown_rests_on_at_least_8_steady_steps(committed):
+    """The stack pages: the step-time tables show cells timed under the timing rule, each of which
+    "trained until it had timed at least 8 steady steps"."""
+    _, cells, _ = committed
+    shown = tables.timed(cells)
+    assert len(shown) > 10 and (shown["n_steady_steps"] >= 8).all()
+
+
+def test_the_colqwen2_loss_head_is_a_small_part_of_its_training_step(committed):
+    """op.md: "for ColQwen2's in-batch loss, whose 2B-parameter encoder takes most of the step, it [the head's share]
+    is small" — under 5% of the step at every batch measured both ways."""
+    _, cells, calls = committed
+    ops = data.op_level(cells, calls)
+    heads = ops[(ops["stack"] == "op-colpali") & (ops["regime"] == "inbatch") & (ops["outcome"] == "ok")]
+    steps = cells[(cells["stack"] == "colpali") & (cells["outcome"] == "ok")]
+    compared = 0
+    for _, head in heads.iterrows():
+        step = steps[(steps["batch_size"] == head["batch_size"]) & (steps["variant"] == head["variant"])]
+        if not step.empty:
+            assert head["steady_step_time_sec"] < 0.05 * step["steady_step_time_sec"].min(), head["cell_id"]
+            compared += 1
+    assert compared >= 2
+
+
+def test_a_probe_on_the_uncapped_card_has_the_gpu_alone_and_every_probe_trains_8_steps_per_seed(committed):
+    """ceilings.md: "a probe on the uncapped 141 GB card still has the GPU alone"; "every probe is an ordinary
+    cell … of **8 optimizer steps**, run for **3 seeds** (42, 43, 44)"."""
+    results, _, _ = committed
+    probes = data.ceiling_probes(results)
+    assert len(probes) > 50
+    assert probes[probes["card"] == "native"]["gpu_share_gib"].isna().all()
+    assert (probes["steps"] == 8).all() and set(probes["seed"]) <= {42, 43, 44}
+
+
+def test_an_out_of_memory_cell_has_a_steady_step_time_only_from_steps_it_trained(committed):
+    """cells.md: "An out-of-memory cell has a steady step time only where steps past its warm-up trained before
+    it ran out of memory"."""
+    results, _, _ = committed
+    everything = data.all_cells(results)
+    oom = everything[everything["outcome"] == "oom"]
+    timed = oom[oom["steady_step_time_sec"].notna()]
+    assert len(oom) > 5 and (timed["n_steady_steps"] >= 1).all() and (timed["n_steps_done"] > timed["n_steady_steps"]).all()
+    assert (oom[oom["n_steady_steps"] == 0]["steady_step_time_sec"].isna()).all()
+
+
+def test_the_methodology_example_of_a_block_rounding_is_the_committed_one(committed):
+    """methodology.md: "PyLate's 225 MiB slot grid at batch 64 occupies a 226 MiB block, and the forward peak
+    holds two of them: +2 MiB"."""
+    _, _, calls = committed
+    chosen = calls[(calls["stack"] == "pylate") & (calls["batch_size"] == 64) & (calls["backend"] == "vanilla")]
+    assert len(chosen) > 0
+    for _, call in chosen.iterrows():
+        assert call["predicted_grid_mib"] / list(call["doc_shape"])[1] == pytest.approx(225.0)  # per document slot
+        assert call["forward_transient_peak_mib"] - call["predicted_forward_transient_mib"] == pytest.approx(2.0)
+
+
+def methodology() -> str:
+    return re.sub(r"\s+", " ", (ROOT / "book" / "methodology.md").read_text())
+
+
+def test_the_context_the_methodology_quotes_is_the_one_in_the_committed_oom_messages(committed):
+    """methodology.md: "the memory our own processes held on the H200 outside PyTorch's allocator was
+    0.66–0.79 GiB" — process memory in use less what PyTorch reserved, in every committed OOM message."""
+    results, _, _ = committed
+    outside = []
+    for _, result in results.found:
+        message = result.oom_message or ""
+        in_use = re.search(r"this process has ([0-9.]+) GiB memory in use", message)
+        held = oom_held_mib(message)
+        if in_use and held:
+            outside.append(float(in_use.group(1)) - (held[0] + held[1]) / 1024)
+    assert len(outside) > 20
+    assert f"{min(outside):.2f}–{max(outside):.2f} GiB" in methodology()
+
+
+def test_the_derived_caps_and_their_alternative_are_the_ones_the_methodology_states():
+    """methodology.md: derived caps "less 0.68 GiB … an H100 80 GB's reported 79.11 GiB less the 78.43 GiB cap";
+    "With 79.18 GiB the context would be 0.75 GiB and each derived cap 0.07 GiB smaller (22.89, 38.75 and
+    43.68 GiB instead of 22.96, 38.82 and 43.75)"; the published lik B=128 cell "reserved 78.37 GiB"."""
+    text = methodology()
+    assert pytest.approx(79.11 - CARDS["h100-80gb"].usable_gib) == CONTEXT_GIB
+    derived = [name for name in CARDS if CARDS[name].usable_gib is not None and name != "h100-80gb"]
+    reported = {name: float(re.search(r"\(([0-9.]+) GiB reported\)", CARDS[name].description).group(1)) for name in derived}
+    assert all(CARDS[name].usable_gib == round(reported[name] - CONTEXT_GIB, 2) for name in derived)
+    other = round(79.18 - CARDS["h100-80gb"].usable_gib, 2)
+    alternatives = ", ".join(f"{round(reported[name] - other, 2):.2f}" for name in sorted(derived, key=reported.get))
+    current = ", ".join(f"{CARDS[name].usable_gib:.2f}" for name in sorted(derived, key=reported.get))
+    assert f"context would be {other:.2f} GiB" in text
+    assert f"({alternatives.replace(', 4', ' and 4', 1)} GiB instead of {current.replace(', 4', ' and 4', 1)})" in text
+    published = data.published("colpali", "plain")
+    lik = published[(published["batch_size"] == 128) & (published["variant"] == "lik")].iloc[0]
+    assert lik["outcome"] == "ok" and lik["step_peak_reserved_gib"] <= CARDS["h100-80gb"].usable_gib
+    assert f"reserved {lik['step_peak_reserved_gib']:.2f} GiB there and trained" in text
+
+
+def test_the_published_op_total_is_its_held_memory_plus_its_backward_spike():
+    """book/data/published.csv: held, backward spike and total are three figures; total = held + spike to the
+    published rounding (a GiB figure to 0.01 GiB, a MiB figure to 1 MiB)."""
+    frame = pd.read_csv(data.PUBLISHED)
+    split = frame.dropna(subset=["op_held_mib", "op_backward_spike_mib", "op_total_mib"])
+    assert len(split) >= 4
+    for _, row in split.iterrows():
+        tolerance = 0.01 * 1024 if row["op_total_mib"] >= 1024 else 1.0
+        assert abs(row["op_held_mib"] + row["op_backward_spike_mib"] - row["op_total_mib"]) <= tolerance, row["source"]
+    vanilla = split[(split["stack"] == "colpali") & (split["batch_size"] == 128) & (split["variant"] == "vanilla")].iloc[0]
+    assert [round(vanilla[c] / 1024, 2) for c in ("op_held_mib", "op_backward_spike_mib", "op_total_mib")] == [2.40, 5.41, 7.81]
