@@ -33,15 +33,25 @@ lint: .venvs/pylate/.ready
 	$(PYLATE) -m mypy harness tools
 
 # The book is book/ (book/_config.yml, book/_toc.yml): `jupyter-book build book` is the whole build.
-# Here it builds into .cache/book-build/ (ignored by git) and replaces _build (the HTML: _build/html)
-# only once it built, so a failed build leaves the last good book in place. First, every results file
-# the report skips is printed with its reason; a page that raised is named, with its traceback.
+# Here it builds into .cache/book-build/ (ignored by git, kept between builds) and copies the HTML
+# to _build/html only once it built, so a failed build leaves the last good book in place. First,
+# every results file the report skips is printed with its reason. Every page is executed again
+# when the pages' inputs (results, book/data, grids, harness: `python -m harness.report.data
+# --digest`) changed since the last good build; otherwise Sphinx rebuilds only the pages whose
+# source changed. A page that raised is named, with its traceback.
 BOOK_BUILD := .cache/book-build
 
 report: .venvs/pylate/.ready
 	$(PYLATE) -m harness.report.data --check
-	rm -rf $(BOOK_BUILD)
-	@if ! .venvs/pylate/bin/jupyter-book build --all -W --keep-going --path-output $(BOOK_BUILD) book; then \
+	@digest=$$($(PYLATE) -m harness.report.data --digest); \
+	if [ "$$digest" = "$$(cat $(BOOK_BUILD)/inputs.sha256 2>/dev/null)" ]; then \
+		echo "make report: results and report code unchanged since the last build: pages whose source changed only"; \
+		all=; \
+	else \
+		rm -rf $(BOOK_BUILD); all=--all; \
+	fi; \
+	rm -f $(BOOK_BUILD)/inputs.sha256; \
+	if ! .venvs/pylate/bin/jupyter-book build $$all -W --keep-going --path-output $(BOOK_BUILD) book; then \
 		echo "make report: the book did not build; _build still holds the last good book." >&2; \
 		reports=$(BOOK_BUILD)/_build/html/reports; \
 		for log in $$(find $$reports -name '*.err.log' 2>/dev/null | sort); do \
@@ -50,11 +60,13 @@ report: .venvs/pylate/.ready
 			cat "$$log" >&2; \
 		done; \
 		exit 1; \
-	fi
-	rm -rf _build.old
-	if [ -d _build ]; then mv _build _build.old; fi
-	mv $(BOOK_BUILD)/_build _build
-	rm -rf _build.old $(BOOK_BUILD)
+	fi; \
+	echo "$$digest" > $(BOOK_BUILD)/inputs.sha256
+	rm -rf _build.new
+	mkdir -p _build.new
+	cp -a $(BOOK_BUILD)/_build/html _build.new/html
+	rm -rf _build
+	mv _build.new _build
 
 clean-book:
 	rm -rf _build

@@ -297,12 +297,22 @@ def default_results_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "results"
 
 
+# Folders of the results directory that hold other records than cell results, each read by its own
+# module: they are neither cells nor foreign files.
+OTHER_RECORDS = {
+    "predictions": "the memory model's validation (harness.memmodel)",
+    "op-parity": "op parity against an fp64 reference (harness.parity)",
+}
+
+
 def result_paths(root: str | os.PathLike[str]) -> list[Path]:
-    """Every ``*.json`` result under ``root`` (hidden temporaries excluded), sorted."""
+    """Every ``*.json`` result under ``root`` (hidden temporaries and the :data:`OTHER_RECORDS`
+    folders of ``root`` excluded), sorted."""
     root = Path(root)
     if root.is_file():
         return [root]
-    return sorted(p for p in root.rglob("*.json") if not p.name.startswith("."))
+    return sorted(p for p in root.rglob("*.json")
+                  if not p.name.startswith(".") and p.relative_to(root).parts[0] not in OTHER_RECORDS)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,7 +88,7 @@ def test_tables_read_the_results(tmp_path):
     comparison = tables.published_comparison(cells, data.published("pylate", "grad-checkpoint"))
     row = comparison[(comparison["batch"] == 1024) & (comparison["backend"] == "vanilla")].iloc[0]
     assert row["published"] == "OOM (asked 56.25 GiB)" and row["ours"] == "OOM (Tried to allocate 56.25 GiB)"
-    assert prose.headline(cells, "pylate", "grad-checkpoint", 512, "lik") == "27.50 GiB · 1.14 s/step"
+    assert prose.headline(cells, "pylate", "grad-checkpoint", 512, "lik") == "27.50 GiB allocated at the step peak · 1.14 s/step"
     figure = plots.plot_op_vram(calls, "op")
     assert sorted(line.get_label() for line in figure.axes[0].lines) == ["lik (×8.0 per doubling)", "vanilla (×4.0 per doubling)"]
 

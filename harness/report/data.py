@@ -384,6 +384,37 @@ def repeats(source: Source = None) -> list[tuple[CellResult, CellResult]]:
     return pairs
 
 
+def lik_spike(path: Path = LIK_SPIKE) -> list[dict[str, object]]:
+    """The lik backward-spike experiments (:data:`LIK_SPIKE`), one dict each: the experiment, the
+    batch, the first and repeated backward spikes (MiB), the kernels that autotuned inside the
+    first one's bracket, and the prediction from what was live plus Triton's 256 MiB flush buffer."""
+    import json
+
+    if not path.exists():
+        return []
+    return [row for row in json.loads(path.read_text())["summary"] if row.get("error") is None]
+
+
+# ---- what the pages are computed from -----------------------------------------------------------
+
+# The pages' inputs besides their own sources: a change here re-executes every page; Sphinx itself
+# notices a changed page source or configuration.
+PAGE_INPUTS = ("results", "book/data", "grids", "harness")
+
+
+def inputs_digest(root: Path = ROOT) -> str:
+    """sha256 over the path and bytes of every file the executed pages read besides their own source
+    (:data:`PAGE_INPUTS`; Python caches left out): equal digests, equal pages."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for top in PAGE_INPUTS:
+        for path in sorted((root / top).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 # ---- the check `make report` runs ----------------------------------------------------------------
 
 
@@ -402,11 +433,16 @@ def _relative(path: Path, root: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``--check``: print the results read and every file skipped with its reason."""
+    """``--check``: print the results read and every file skipped with its reason; ``--digest``: print
+    :func:`inputs_digest` (``make report`` re-executes every page only when it changed)."""
     parser = argparse.ArgumentParser(prog="python -m harness.report.data", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="print what the report reads and every file it skips")
+    parser.add_argument("--digest", action="store_true", help="print the digest of the pages' inputs")
     parser.add_argument("results_dir", nargs="?", default=None, help="default: results/ (or $MAXSIM_RESULTS_DIR)")
     args = parser.parse_args(argv)
+    if args.digest:
+        print(inputs_digest())
+        return 0
     if not args.check:
         parser.print_help()
         return 0
@@ -417,14 +453,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def lik_spike(path: Path = LIK_SPIKE) -> list[dict[str, object]]:
-    """The lik backward-spike experiments (:data:`LIK_SPIKE`), one dict each: the experiment, the
-    batch, the first and repeated backward spikes (MiB), the kernels that autotuned inside the
-    first one's bracket, and the prediction from what was live plus Triton's 256 MiB flush buffer."""
-    import json
-
-    if not path.exists():
-        return []
-    return [row for row in json.loads(path.read_text())["summary"] if row.get("error") is None]

@@ -19,7 +19,7 @@ from matplotlib.ticker import FuncFormatter
 
 from harness.report import style
 from harness.report.data import GIB_PER_MIB, SearchRow
-from harness.report.text import card_label, cards_in_order, missing
+from harness.report.text import card_label, card_short, cards_in_order, missing
 from harness.spec import CARDS
 
 
@@ -158,14 +158,57 @@ def _probe_markers(axis: plt.Axes, rows: pd.DataFrame, backend: str, index: int,
 
 
 def plot_ceiling_bars(searches: Sequence[SearchRow], title: str) -> Figure:
-    """Ceiling per card and backend (default allocator) on a log₂ axis, as dots and ranges, never bars:
-    a finished search is a filled dot at the largest batch that trained with a line up to the first
-    batch that failed; a search still under way is an open dot with a dashed line over the range it
-    has not settled yet (up to the smallest batch that failed, or an arrow where none failed yet)."""
+    """Ceiling per card and backend (default allocator) on a log₂ axis, as dots and ranges, never bars
+    (:func:`draw_ceilings`), with the legend off the data."""
     figure, axis = plt.subplots(figsize=(9.6, 4.6))
+    if draw_ceilings(axis, searches):
+        handles, labels = _legend_entries(axis, searches)
+        axis.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=style.LEGEND_PT, frameon=False)
+    axis.set_title(title)
+    figure.tight_layout()
+    return figure
+
+
+def plot_decision(panels: Sequence[tuple[str, Sequence[SearchRow]]]) -> Figure:
+    """The front page's figure: one ceilings panel (:func:`draw_ceilings`) per stack and regime that
+    has probes, side by side, sharing one legend below them."""
+    shown = [(title, rows) for title, rows in panels if any(row.fits or row.fails for row in rows)]
+    figure, axes = plt.subplots(1, max(len(shown), 1), figsize=(4.6 * max(len(shown), 1) + 0.6, 4.4), squeeze=False)
+    for axis, (title, rows) in zip(axes[0], shown, strict=False):
+        draw_ceilings(axis, rows, short_cards=True)
+        axis.set_title(title, fontsize=10)
+    if shown:
+        handles, labels = _legend_entries(axes[0][0], [row for _, rows in shown for row in rows])
+        figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=style.LEGEND_PT, frameon=False)
+    figure.tight_layout(rect=(0, 0.08, 1, 1))
+    return figure
+
+
+def _legend_entries(axis: Axes, rows: Sequence[SearchRow]) -> tuple[list[Any], list[str]]:
+    """Legend handles for every backend in ``rows`` (fixed order) and the two search states."""
+    handles: list[Any] = []
+    labels: list[str] = []
+    for backend in style.in_order({row.backend for row in rows if row.allocator == "default"}):
+        look = style.look(backend)
+        (handle,) = axis.plot([], [], marker=look.marker, markersize=look.size + 1, color=look.colour, linestyle="none")
+        handles.append(handle)
+        labels.append(backend)
+    for label, face, line in (("search finished", "black", "-"), ("search still running", "white", "--")):
+        (handle,) = axis.plot([], [], color="black", marker="o", markerfacecolor=face, linestyle=line)
+        handles.append(handle)
+        labels.append(label)
+    return handles, labels
+
+
+def draw_ceilings(axis: Axes, searches: Sequence[SearchRow], short_cards: bool = False) -> bool:
+    """Draw each default-allocator search as a dot and range on a log₂ axis: a finished search is a
+    filled dot at the largest batch that trained with a line up to the first batch that failed; a
+    search still under way is an open dot with a dashed line over the range it has not settled yet (up
+    to the smallest batch that failed, or an arrow where none failed yet). ``short_cards``: ticks name
+    the card's size only, for narrow panels. False when nothing to draw."""
     shown = [row for row in searches if row.allocator == "default" and (row.fits or row.fails)]
     if not shown:
-        return figure
+        return False
     cards = cards_in_order(row.card for row in shown)
     backends = style.in_order({row.backend for row in shown})
     width = 0.7 / max(len(backends), 1)
@@ -186,22 +229,17 @@ def plot_ceiling_bars(searches: Sequence[SearchRow], title: str) -> Figure:
             if row.fits:
                 axis.plot([x], [row.fits], marker=look.marker, markersize=look.size + 1, color=look.colour,
                           markerfacecolor=look.colour if row.done else "white", linestyle="none")  # fmt: skip
-        axis.plot([], [], marker=look.marker, markersize=look.size + 1, color=look.colour, linestyle="none", label=backend)
-    axis.plot([], [], color="black", marker="o", linestyle="-", label="search finished")
-    axis.plot([], [], color="black", marker="o", markerfacecolor="white", linestyle="--", label="search still running")
-    axis.set_xticks(range(len(cards)), [card_label(c, lines=True) for c in cards])
+    labels = [card_short(c).replace(" (whole H200)", "\nwhole H200") if short_cards else card_label(c, lines=True) for c in cards]
+    axis.set_xticks(range(len(cards)), labels)
     axis.set_xlim(-0.6, len(cards) - 0.4)
     axis.set_yscale("log", base=2)
     lowest = min(float(row.fits or (row.fails or 2) / 2) for row in shown)
     axis.set_ylim(bottom=lowest / 1.25)
     axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_ylabel("largest batch that trains (log₂)")
-    axis.set_title(title)
     axis.grid(True, axis="y", alpha=0.3)
     style.ticks(axis)
-    style.legend(axis)
-    figure.tight_layout()
-    return figure
+    return True
 
 
 def plot_op_speedup(ops: pd.DataFrame, title: str) -> Figure:

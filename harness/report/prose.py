@@ -40,13 +40,13 @@ from harness.spec import CARDS
 
 
 def headline(cells: pd.DataFrame, stack: str, regime: str, batch: int, backend: str, card: str = "h100-80gb") -> str:
-    """One measured cell in words, for the introduction: its step peak, or the request it died on."""
+    """One measured cell in words, for the introduction: its step peak (allocated), or the request it died on."""
     if cells.empty:
         return "not measured yet"
     row = matching(cells, stack=stack, regime=regime, batch_size=batch, backend=backend, card=card, allocator="default")
     if row.empty:
         return "not measured yet"
-    return cell_words(row.iloc[0])
+    return cell_words(row.iloc[0], allocated=" allocated at the step peak")
 
 
 # ---- ceiling probes of one batch -----------------------------------------------------------------

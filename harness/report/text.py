@@ -131,14 +131,15 @@ def cards_in_order(names: object) -> list[str]:
     return [name for name in sorted(CARDS, key=lambda n: CARDS[n].nominal_gb or 0) if name in present]
 
 
-def cell_words(row: pd.Series) -> str:
-    """One cell's result in brief: '54.38 GiB · 7.98 s/step', 'OOM (Tried to allocate …)', 'crashed'.
-    The step time only where it was measured under the timing rule (``times_comparable``)."""
+def cell_words(row: pd.Series, allocated: str = "") -> str:
+    """One cell's result in brief: '54.38 GiB · 7.98 s/step', 'OOM (Tried to allocate …)', 'crashed';
+    ``allocated`` follows the peak where the context does not say what it is (' allocated at the step
+    peak'). The step time only where it was measured under the timing rule (``times_comparable``)."""
     if row["outcome"] == "oom":
         return f"OOM ({failed_request(row['oom_message'])})"
     if row["outcome"] != "ok":
         return row["outcome"]
-    peak = f"{row['step_peak_alloc_mib'] * GIB_PER_MIB:.2f} GiB"
+    peak = f"{row['step_peak_alloc_mib'] * GIB_PER_MIB:.2f} GiB{allocated}"
     if not row.get("times_comparable", False) or missing(row["steady_step_time_sec"]):
         return peak
     return f"{peak} · {row['steady_step_time_sec']:.2f} s/step"

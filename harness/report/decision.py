@@ -1,0 +1,200 @@
+"""The front page's answer: per stack and regime, which backend trains the largest batch on each card,
+what a step costs there, and one computed sentence saying what to use.
+
+Everything here is read from the ceiling searches (:func:`harness.report.data.ceilings`) and the
+cells timed under the timing rule (:func:`harness.report.tables.timed`); a search still under way is
+shown as the range it has not settled, never as a number, and a recommendation names only cards whose
+searches have all finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import pandas as pd
+
+from harness.report import style, timing
+from harness.report.data import SearchRow
+from harness.report.tables import timed
+from harness.report.text import card_short, cards_in_order, ceiling_text, nowrap, sig
+
+REGIME_NAMES = {
+    ("colpali", "plain"): "ColQwen2 + LoRA (colpali-engine recipe)",
+    ("pylate", "grad-checkpoint"): "GTE-ModernColBERT, gradient checkpointing (PyLate)",
+    ("pylate", "plain"): "GTE-ModernColBERT, no checkpointing (PyLate)",
+}
+
+
+def regimes(searches: Sequence[SearchRow]) -> list[tuple[str, str]]:
+    """The (stack, regime) pairs the ceilings grid searches, in its order."""
+    seen: list[tuple[str, str]] = []
+    for row in searches:
+        if (row.stack, row.regime) not in seen:
+            seen.append((row.stack, row.regime))
+    return seen
+
+
+def regime_name(stack: str, regime: str) -> str:
+    return REGIME_NAMES.get((stack, regime), f"{stack} · {regime}")
+
+
+def _of(searches: Sequence[SearchRow], stack: str, regime: str, allocator: str = "default") -> list[SearchRow]:
+    return [row for row in searches if (row.stack, row.regime, row.allocator) == (stack, regime, allocator)]
+
+
+def criterion(searches: Sequence[SearchRow]) -> str:
+    """What 'trains' means in the decision tables, read from the searches: '8 steps on each of seeds 42,
+    43 and 44' (or 'every seed of its search' where searches differ)."""
+    terms = {(row.search.steps, row.search.seeds) for row in searches if row.allocator == "default"}
+    if len(terms) != 1:
+        return "its search's steps on every seed of its search"
+    ((steps, seeds),) = terms
+    return f"{steps} steps on each of seeds {_names([str(seed) for seed in seeds])}"
+
+
+RUNNING_MARK = "*"  # follows an entry whose search is still running
+
+
+def entry(row: SearchRow | None) -> str:
+    """A search's answer for the decision table, compact: '160' (finished), '≥ 256' (finished at the
+    grid's limit), '72–75*' or '≥ 72*' (still running: the ceiling lies in that range), 'not run'."""
+    if row is None:
+        return ""
+    text = ceiling_text(row)
+    if row.done or row.probes == 0 or row.stopped:
+        return nowrap(text)
+    return nowrap(text.replace(" (searching)", "") + RUNNING_MARK)
+
+
+def started(searches: Sequence[SearchRow], stack: str, regime: str) -> bool:
+    """Whether any ceiling search of the regime has a probe."""
+    return any(row.probes > 0 for row in _of(searches, stack, regime))
+
+
+def decision_table(searches: Sequence[SearchRow], stack: str, regime: str) -> pd.DataFrame:
+    """Backend (rows, in the legend's order) × card (columns, smallest first): the largest batch that
+    trains on every seed under the default allocator (:func:`entry`)."""
+    rows = _of(searches, stack, regime)
+    if not rows:
+        return pd.DataFrame()
+    cards = cards_in_order(row.card for row in rows)
+    table = []
+    for backend in style.in_order({row.backend for row in rows}):
+        line = {"backend": nowrap(backend)}
+        for card in cards:
+            line[nowrap(card_short(card).replace("whole H200", "H200"))] = entry(
+                next((r for r in rows if r.card == card and r.backend == backend), None))
+        table.append(line)
+    return pd.DataFrame(table)
+
+
+@dataclasses.dataclass(frozen=True)
+class TimedBatch:
+    """A batch on one card at which vanilla and other backends of a regime trained and were timed alone."""
+
+    card: str
+    batch: int
+    seconds: dict[str, float]  # backend → median steady s/step
+    against_vanilla: dict[str, timing.Ratio]  # backend → vanilla's median over its (above 1: faster)
+
+
+def timed_batch(cells: pd.DataFrame, stack: str, regime: str, card: str = "h100-80gb") -> TimedBatch | None:
+    """The batch on ``card`` where the most backends, vanilla among them, have steady step times
+    (the largest such batch); None where no batch has vanilla and another backend timed."""
+    ok = timed(cells)
+    if ok.empty:
+        return None
+    ok = ok[(ok["stack"] == stack) & (ok["regime"] == regime) & (ok["card"] == card) & (ok["allocator"] == "default")]
+    if ok.empty or "vanilla" not in set(ok["backend"]):
+        return None
+    sets = {int(batch): set(ok[ok["batch_size"] == batch]["backend"]) for batch in ok["batch_size"].unique()}
+    both = [batch for batch, present in sets.items() if "vanilla" in present and len(present) > 1]
+    if not both:
+        return None
+    batch = max(both, key=lambda b: (len(sets[b]), b))  # the most backends side by side, then the largest batch
+    at = {str(row["backend"]): row for _, row in ok[ok["batch_size"] == batch].iterrows()}
+    order = style.in_order(sets[batch])
+    seconds = {backend: float(at[backend]["steady_step_time_sec"]) for backend in order}
+    base = list(at["vanilla"]["steady_times_sec"])
+    ratios = {backend: timing.ratio(base, list(at[backend]["steady_times_sec"])) for backend in order if backend != "vanilla"}
+    return TimedBatch(card, batch, seconds, ratios)
+
+
+def time_words(found: TimedBatch | None) -> str:
+    """'At B=1024 on the 80 GB card, timed alone: vanilla 2.97 s/step; lik no measurable difference (…)'."""
+    if found is None:
+        return "No batch of this regime has been timed alone for vanilla and a fused backend yet."
+    parts = [f"vanilla {sig(found.seconds['vanilla'])} s"]
+    parts += [f"{backend} {sig(seconds)} s, {timing.ratio_words(found.against_vanilla[backend])}"
+              for backend, seconds in found.seconds.items() if backend != "vanilla"]  # fmt: skip
+    return (f"Step time at B={found.batch} on the {card_short(found.card)} card (median of the steady steps, each "
+            f"cell alone on an H200; speed against vanilla with its 95% interval): " + "; ".join(parts) + ".")
+
+
+def _decided_cards(rows: Sequence[SearchRow]) -> list[str]:
+    """Cards where vanilla's and at least one other backend's searches have finished and no search still
+    running there could end above the best of them (a range reaching past it, or an open one); searches
+    not run are left out."""
+    decided = []
+    for card in cards_in_order(row.card for row in rows):
+        on_card = [row for row in rows if row.card == card and row.probes > 0]
+        settled = [int(row.settled) for row in on_card if row.settled is not None]
+        if len(settled) < 2 or not any(row.backend == "vanilla" and row.settled is not None for row in on_card):
+            continue
+        running = [row for row in on_card if row.settled is None]
+        if all(row.fails is not None and row.fails - 1 <= max(settled) for row in running):
+            decided.append(card)
+    return decided
+
+
+def _names(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regime: str) -> str:
+    """What to use for one regime, in one sentence computed from the finished searches and the timed
+    cells: which backends train the largest batch on the cards whose searches have all finished, by
+    how much against vanilla, and whether that costs step time."""
+    rows = _of(searches, stack, regime)
+    if not rows or all(row.probes == 0 for row in rows):
+        return "Not measured yet: no ceiling search of this regime has run."
+    decided = _decided_cards(rows)
+    if not decided:
+        return ("No card has its searches settled yet (vanilla's and another finished, none running that could end above them), "
+                "so no backend is recommended; the table shows where each search stands.")  # fmt: skip
+    winners_per_card: dict[str, list[str]] = {}
+    for card in decided:
+        on_card = [row for row in rows if row.card == card and row.settled is not None]
+        best = max(int(row.settled or 0) for row in on_card)
+        winners_per_card[card] = style.in_order({row.backend for row in on_card if row.settled == best})
+    everywhere = [backend for backend in style.in_order({b for w in winners_per_card.values() for b in w})
+                  if all(backend in winners for winners in winners_per_card.values())]  # fmt: skip
+    gains = []
+    for card in decided:
+        base = next((row for row in rows if row.card == card and row.backend == "vanilla"), None)
+        best_row = next(row for row in rows if row.card == card and row.backend == winners_per_card[card][0])
+        if base is not None and base.settled and best_row.settled and best_row.backend != "vanilla":
+            gains.append(f"{best_row.settled} against {base.settled} on {card_short(card)} "
+                         f"({best_row.settled / base.settled:.2f}×)")  # fmt: skip
+    cards = _names([card_short(card) for card in decided])
+    if everywhere:
+        verb = "trains" if len(everywhere) == 1 else "train"
+        text = f"On {cards}, where the searches have settled, {_names(everywhere)} {verb} the largest batch"
+    else:
+        per_card = "; ".join(f"{card_short(card)}: {_names(w)}" for card, w in winners_per_card.items())
+        text = f"Where the searches have settled, the largest batch goes to a different backend per card ({per_card})"
+    if gains:
+        text += f": {'; '.join(gains)}"
+    elif everywhere == ["vanilla"] or "vanilla" in everywhere:
+        text += ": the fused kernels buy no batch there"
+    found = timed_batch(cells, stack, regime)
+    if found is not None and everywhere and "vanilla" not in everywhere:
+        speeds = [f"{backend} {timing.ratio_words(found.against_vanilla[backend])}"
+                  for backend in everywhere if backend in found.against_vanilla]  # fmt: skip
+        if speeds:
+            text += f". At B={found.batch} on {card_short(found.card)}, against vanilla's step time: {'; '.join(speeds)}"
+    pending = [card_short(card) for card in cards_in_order(row.card for row in rows if row.card not in decided)]
+    if pending:
+        text += f". Not settled yet on {_names(pending)}"
+    return text + "."
