@@ -7,6 +7,7 @@
     harness ceiling grids/ceilings.yaml --dry-run
     harness results            # what the report would read, and every file it would skip, with why
     harness migrate results    # rewrite schema-1 results as schema 2
+    harness predict --stack pylate --backend lik --card a100-80gb   # the memory model's answer
 
 A cell's flags are its spec's fields (:mod:`harness.spec`), so the command line, the grids, the
 notebooks and the results describe a cell with the same names. A mistyped subcommand, flag or
@@ -165,7 +166,23 @@ def build_parser() -> Parser:
     cellbook = commands.add_parser("cellbook", help="render the book's executed cell notebooks' tables from their results",
                                    description="render the book's executed cell notebooks' tables from their results")
     _cellbook_arguments(cellbook)
+    predict = commands.add_parser("predict", help="predicted step peak and largest batch on a card (the memory model)",
+                                  description="predicted step peak and largest batch on a card, from the memory model "
+                                              "fitted to the committed results (harness.memmodel)")  # fmt: skip
+    _predict_arguments(predict)
     return parser
+
+
+def _predict_arguments(parser: argparse.ArgumentParser) -> None:
+    from harness.memmodel import add_arguments
+
+    add_arguments(parser)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from harness.memmodel import command
+
+    return command(args)
 
 
 def _cellbook_arguments(parser: argparse.ArgumentParser) -> None:
@@ -340,7 +357,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "cell": _run_cell, "op": _run_cell, "replay": _replay, "sweep": _sweep, "ceiling": _ceiling,
-    "results": _results, "migrate": _migrate, "schema": _schema, "cellbook": _cellbook,
+    "results": _results, "migrate": _migrate, "schema": _schema, "cellbook": _cellbook, "predict": _predict,
 }  # fmt: skip
 
 

@@ -67,6 +67,11 @@ def entry(row: SearchRow | None) -> str:
     return nowrap(text.replace(" (searching)", "") + RUNNING_MARK)
 
 
+def card_column(card: str) -> str:
+    """A card's column heading in the decision table: '24 GB', '141 GB (H200)'."""
+    return nowrap(card_short(card).replace("whole H200", "H200"))
+
+
 def started(searches: Sequence[SearchRow], stack: str, regime: str) -> bool:
     """Whether any ceiling search of the regime has a probe."""
     return any(row.probes > 0 for row in _of(searches, stack, regime))
@@ -83,7 +88,7 @@ def decision_table(searches: Sequence[SearchRow], stack: str, regime: str) -> pd
     for backend in style.in_order({row.backend for row in rows}):
         line = {"backend": nowrap(backend)}
         for card in cards:
-            line[nowrap(card_short(card).replace("whole H200", "H200"))] = entry(
+            line[card_column(card)] = entry(
                 next((r for r in rows if r.card == card and r.backend == backend), None))
         table.append(line)
     return pd.DataFrame(table)

@@ -1,0 +1,125 @@
+"""The memory model's page: its leave-one-card-out validation (``results/predictions/validation.json``,
+written by ``harness predict --validate``) and its predictions for cards nobody measured, as tables
+and computed sentences. Every figure here is labelled predicted; torch-free like the rest of the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.memmodel import OTHER_CARDS, VALIDATION
+from harness.report import style
+from harness.report.text import nowrap, percent
+from harness.spec import CARDS
+
+
+def validation(path: Path = VALIDATION) -> dict[str, Any]:
+    """The committed validation document."""
+    document: dict[str, Any] = json.loads(path.read_text())
+    return document
+
+
+def _search(row: dict[str, Any]) -> str:
+    return f"{row['stack']} · {row['regime']} · {row['backend']}"
+
+
+def _card(name: str) -> str:
+    """'H100 80 GB' (a measured profile), 'H200 141 GB' (the whole card), 'B200 180 GB' (a named card)."""
+    if name in CARDS:
+        nominal = CARDS[name].nominal_gb
+        return f"H200 {nominal} GB" if CARDS[name].usable_gib is None else f"{name.split('-')[0].upper()} {nominal} GB"
+    return OTHER_CARDS[name].label.split(" (")[0] if name in OTHER_CARDS else name
+
+
+def validation_table(document: dict[str, Any], allocator: str = "default") -> pd.DataFrame:
+    """One row per ceiling search that has probes: measured (a range while it runs), predicted without
+    its card's cells, the error against the goal, and which term misses where it misses."""
+    rows = []
+    for row in document["validation"]:
+        if row["state"] == "not run" or row["allocator"] != allocator:
+            continue
+        if row["measured_ceiling"] is not None:
+            measured = str(row["measured_ceiling"])
+        elif row["measured_fails"] is None:
+            measured = f"≥ {row['measured_fits']}"
+        else:
+            measured = f"{row['measured_fits']}–{row['measured_fails'] - 1} (running)"
+        predicted = "—" if row["predicted_ceiling"] is None else str(row["predicted_ceiling"])
+        if row["within_goal"] is None:
+            verdict = "" if row["predicted_ceiling"] is None else _inside(row)
+        else:
+            verdict = "within goal" if row["within_goal"] else f"misses: {row['wrong_term']}"
+        rows.append({
+            "search": nowrap(_search(row)), "card": nowrap(_card(row["card"])), "resolution": row["resolution"],
+            "measured": nowrap(measured), "predicted": predicted,
+            "error": "" if row["error_fraction"] is None else percent(100 * row["error_fraction"], "+.0f"),
+            "verdict": verdict,
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _inside(row: dict[str, Any]) -> str:
+    """An unfinished search: whether the prediction lies where the search can still end."""
+    low, high, predicted = row["measured_fits"], row["measured_fails"], row["predicted_ceiling"]
+    if low is not None and predicted < low:
+        return "below what already trained"
+    if high is not None and predicted >= high:
+        return "above what already failed"
+    return "inside the open range"
+
+
+def summary_words(document: dict[str, Any]) -> str:
+    """The validation in words: how many finished searches are within the goal, the worst miss and its cause."""
+    summary = document["summary"]
+    text = (f"Leaving each card out, {summary['within_goal']} of the {summary['judged']} finished ceiling searches are "
+            f"predicted within {document['goal']}.")  # fmt: skip
+    worst = summary.get("worst")
+    if worst and worst.get("wrong_term"):
+        text += (f" The worst is {worst['search_id']}: predicted {worst['predicted_ceiling']} against a measured "
+                 f"{worst['measured_ceiling']} ({percent(100 * worst['error_fraction'], '+.0f')}); the wrong term is the "
+                 f"{worst['wrong_term']} ({worst['note']}).")  # fmt: skip
+    unfinished = [row for row in document["validation"]
+                  if row["within_goal"] is None and row["predicted_ceiling"] is not None and row["measured_fits"]]  # fmt: skip
+    if unfinished:
+        inside = sum(_inside(row) == "inside the open range" for row in unfinished)
+        text += (f" Of the {len(unfinished)} searches still running or at a lower bound, {inside} have their prediction "
+                 "where the search can still end.")  # fmt: skip
+    return text
+
+
+def recipes(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The (stack, regime) pairs of the predicted table, in its order."""
+    seen: list[tuple[str, str]] = []
+    for row in rows:
+        if (row["stack"], row["regime"]) not in seen:
+            seen.append((row["stack"], row["regime"]))
+    return seen
+
+
+def cards_table(rows: list[dict[str, Any]], stack: str, regime: str) -> pd.DataFrame:
+    """Card (rows, by usable memory) × backend (columns): the predicted largest batch per device of one
+    recipe, marked ``*`` where the backend's margin misclassifies committed cells."""
+    mine = [row for row in rows if (row["stack"], row["regime"]) == (stack, regime)]
+    if not mine:
+        return pd.DataFrame()
+    frame = pd.DataFrame(mine)
+    frame["shown"] = frame.apply(
+        lambda r: f"{r['predicted_largest_batch']}{'*' if r['margin_misclassifies'] else ''}", axis=1)
+    frame["card (usable GiB)"] = frame.apply(lambda r: nowrap(f"{_card(r['card'])} ({r['usable_gib']:.1f})"), axis=1)
+    order = list(frame.sort_values("usable_gib").drop_duplicates("card")["card (usable GiB)"])
+    table = frame.pivot_table(index="card (usable GiB)", columns="backend", values="shown", aggfunc="first")
+    backends = style.in_order(set(frame["backend"]))
+    return table.reindex(index=order, columns=backends).rename(columns=nowrap).rename_axis(columns=None).reset_index()
+
+
+def misclassifying(rows: list[dict[str, Any]]) -> str:
+    """Which backends' margins misclassify committed cells, in words (empty where none does)."""
+    wrong = sorted({(r["stack"], r["regime"], r["backend"], r["margin_misclassifies"]) for r in rows if r["margin_misclassifies"]})
+    if not wrong:
+        return ""
+    named = "; ".join(f"{stack} · {regime} · {backend}: {count} committed cells" for stack, regime, backend, count in wrong)
+    return (f"`*`: the backend's margin, fitted on every card, still puts committed cells on the wrong side of their "
+            f"outcome ({named}); read those entries as rough.")  # fmt: skip

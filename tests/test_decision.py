@@ -1,0 +1,99 @@
+"""The front page's decision tables and recommendation: computed from the searches, never ahead of them."""
+
+from __future__ import annotations
+
+import shutil
+
+import pandas as pd
+import pytest
+
+from harness.report import data, decision
+from harness.search import Ceiling, CeilingSearch
+
+
+def row(backend: str, card: str, fits: int | None, fails: int | None, done: bool = True, probes: int = 5) -> data.SearchRow:
+    variant, chunk = (backend, None) if "chunk" not in backend else ("vanilla", int(backend.split()[-1]))
+    search = CeilingSearch(stack="pylate", regime="grad-checkpoint", variant=variant, score_mini_batch_size=chunk,
+                           card=card, seeds=(42, 43, 44), start=128, limit=4096, resolution=32)  # fmt: skip
+    ceiling = Ceiling(fits=fits, fails=fails, next_batch=None if done else (fails or 2 * (fits or 64)))
+    return data.SearchRow(search=search, ceiling=ceiling, probes=probes, usable_gib=22.96)
+
+
+def test_entries_mark_running_searches_and_the_table_is_backend_by_card():
+    rows = [row("vanilla", "rtx4090-24gb", 224, 256), row("lik", "rtx4090-24gb", 352, 384),
+            row("vanilla", "h100-80gb", 640, 672), row("lik", "h100-80gb", 1280, 1344, done=False),
+            row("vanilla + chunk 64", "rtx4090-24gb", None, None, done=False, probes=0)]  # fmt: skip
+    table = decision.decision_table(rows, "pylate", "grad-checkpoint")
+    assert list(table.columns) == ["backend", "24\u00a0GB", "80\u00a0GB"]
+    assert list(table["backend"]) == ["vanilla", "lik", "vanilla\u00a0+\u00a0chunk\u00a064"]
+    assert table.iloc[1].tolist()[1:] == ["352", "1280–1343*"]
+    assert table.iloc[2].tolist()[1:] == ["not\u00a0run", ""]
+    assert decision.criterion(rows) == "8 steps on each of seeds 42, 43 and 44"
+
+
+def test_a_recommendation_names_only_cards_whose_searches_have_settled():
+    settled = [row("vanilla", "rtx4090-24gb", 224, 256), row("lik", "rtx4090-24gb", 352, 384),
+               row("flash", "rtx4090-24gb", 352, 384)]  # fmt: skip
+    text = decision.advice(settled, pd.DataFrame(), "pylate", "grad-checkpoint")
+    assert text.startswith("On 24 GB, where the searches have settled, lik and flash train the largest batch: "
+                           "352 against 224 on 24 GB (1.57×)")  # fmt: skip
+    # a search still running whose range reaches above the best: that card is not settled
+    running = [*settled, row("vanilla + chunk 64", "rtx4090-24gb", 352, 416, done=False)]
+    assert decision.advice(running, pd.DataFrame(), "pylate", "grad-checkpoint").startswith("No card has its searches settled")
+    # one that cannot end above it does not hold the card back
+    bounded = [*settled, row("vanilla + chunk 64", "rtx4090-24gb", 320, 352, done=False)]
+    assert decision.advice(bounded, pd.DataFrame(), "pylate", "grad-checkpoint").startswith("On 24 GB")
+    # without vanilla's ceiling nothing is compared
+    assert decision.advice(settled[1:], pd.DataFrame(), "pylate", "grad-checkpoint").startswith("No card")
+    assert decision.advice([], pd.DataFrame(), "pylate", "grad-checkpoint").startswith("Not measured yet")
+
+
+@pytest.fixture(scope="module")
+def committed():
+    results = data.read()
+    cells, _ = data.load(results)
+    return cells, data.ceilings(results)
+
+
+def test_the_committed_recommendations_follow_the_committed_ceilings(committed):
+    cells, searches = committed
+    for stack, regime in decision.regimes(searches):
+        text = decision.advice(searches, cells, stack, regime)
+        mine = [r for r in searches if (r.stack, r.regime, r.allocator) == (stack, regime, "default")]
+        for card in decision._decided_cards(mine):
+            best = max(r.settled or 0 for r in mine if r.card == card)
+            vanilla = next(r for r in mine if r.card == card and r.backend == "vanilla")
+            if best > (vanilla.settled or 0):  # the sentence names the gain over vanilla on that card
+                assert f"{best} against {vanilla.settled} on" in text
+        table = decision.decision_table(searches, stack, regime)
+        for r in mine:  # every entry of the table is its search's state, marked while it runs
+            value = table.set_index("backend").loc[r.backend.replace(" ", "\u00a0"), decision.card_column(r.card)]
+            assert value == decision.entry(r) and value.endswith("*") == (r.probes > 0 and not r.done)
+
+
+def test_the_step_time_line_reads_timed_cells_only(committed):
+    cells, _ = committed
+    found = decision.timed_batch(cells, "pylate", "grad-checkpoint")
+    assert found is not None and "vanilla" in found.seconds and len(found.seconds) >= 2
+    timed = cells[(cells["stack"] == "pylate") & (cells["regime"] == "grad-checkpoint") & (cells["card"] == "h100-80gb")
+                  & (cells["batch_size"] == found.batch) & cells["times_comparable"].astype(bool)]  # fmt: skip
+    for backend, seconds in found.seconds.items():
+        assert seconds == float(timed[timed["backend"] == backend]["steady_step_time_sec"].item())
+    untimed = cells.assign(times_comparable=False)
+    assert decision.timed_batch(untimed, "pylate", "grad-checkpoint") is None
+    assert decision.time_words(None).startswith("No batch")
+
+
+def test_the_pages_inputs_digest_changes_with_a_result_and_only_then(tmp_path):
+    for top in data.PAGE_INPUTS:
+        (tmp_path / top).mkdir(parents=True)
+    (tmp_path / "results" / "a.json").write_text("{}")
+    before = data.inputs_digest(tmp_path)
+    (tmp_path / "harness" / "__pycache__").mkdir()
+    (tmp_path / "harness" / "__pycache__" / "x.pyc").write_bytes(b"cache")
+    assert data.inputs_digest(tmp_path) == before  # a Python cache is no input
+    (tmp_path / "results" / "a.json").write_text('{"x": 1}')
+    assert data.inputs_digest(tmp_path) != before
+    shutil.rmtree(tmp_path / "results")
+    (tmp_path / "results").mkdir()
+    assert data.inputs_digest(tmp_path) != before
