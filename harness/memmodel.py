@@ -658,7 +658,8 @@ def _run(args: argparse.Namespace) -> int:
             fresh = validation_document(results)
             on_disk = json.loads(args.out.read_text()) if args.out.exists() else None
             same = on_disk is not None and comparable(on_disk) == comparable(fresh)
-            print(f"{args.out}: {'up to date' if same else 'differs from what the results give now; run harness predict --validate'}")
+            stale = "differs from what the results give now; run harness predict --validate"
+            print(f"{args.out}: {'up to date' if same else stale}")
             return 0 if same else 1
         document = write_validation(args.out, results)
         _print_rows(document["validation"])

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+import pandas as pd
+
 from harness import memmodel
 from harness.report import data, predictions
 
 
 def test_the_validation_table_shows_every_search_with_probes_and_its_verdict():
     document = predictions.validation()
-    table = predictions.validation_table(document)
+    table = pd.concat(predictions.validation_tables(document).values(), ignore_index=True)
     probed = [row for row in document["validation"] if row["state"] != "not run" and row["allocator"] == "default"]
+    probed.sort(key=lambda row: list(predictions.validation_tables(document)).index(f"{row['stack']} · {row['regime']}"))
     assert len(table) == len(probed)
     missed = [row for row in probed if row["within_goal"] is False]
     assert (table["verdict"].str.startswith("misses")).sum() == len(missed)
     assert (table["verdict"] == "within goal").sum() == sum(row["within_goal"] is True for row in probed)
     for row, (_, shown) in zip(probed, table.iterrows(), strict=True):
         if row["measured_ceiling"] is not None:
-            assert shown["measured"] == str(row["measured_ceiling"])
+            assert shown["measured"] == str(row["measured_ceiling"]) and shown["resolution"] == row["resolution"]
         else:
-            assert shown["verdict"] in ("", "inside the open range", "below what already trained", "above what already failed")
+            assert shown["verdict"] in ("", "inside its range", "below a batch that trained", "above a batch that failed")
 
 
 def test_the_summary_counts_what_the_file_counts():
@@ -26,8 +29,10 @@ def test_the_summary_counts_what_the_file_counts():
     text = predictions.summary_words(document)
     summary = document["summary"]
     assert text.startswith(f"Leaving each card out, {summary['within_goal']} of the {summary['judged']} finished")
-    if summary["worst"]["wrong_term"]:
-        assert f"predicted {summary['worst']['predicted_ceiling']} against a measured {summary['worst']['measured_ceiling']}" in text
+    assert document["goal"] == "|predicted - measured| <= max(resolution, 5% of measured)"  # what the sentence says
+    worst = summary["worst"]
+    if worst["wrong_term"]:
+        assert f"predicted {worst['predicted_ceiling']} against a measured {worst['measured_ceiling']}" in text
 
 
 def test_the_cards_table_is_the_models_prediction_marked_where_its_margin_is_rough():

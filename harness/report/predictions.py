@@ -34,10 +34,11 @@ def _card(name: str) -> str:
     return OTHER_CARDS[name].label.split(" (")[0] if name in OTHER_CARDS else name
 
 
-def validation_table(document: dict[str, Any], allocator: str = "default") -> pd.DataFrame:
-    """One row per ceiling search that has probes: measured (a range while it runs), predicted without
-    its card's cells, the error against the goal, and which term misses where it misses."""
-    rows = []
+def validation_tables(document: dict[str, Any], allocator: str = "default") -> dict[str, pd.DataFrame]:
+    """Per stack · regime, one row per ceiling search that has probes: measured (a range marked ``*``
+    while it runs) and the search's resolution, predicted without its card's cells, the error, and the verdict (which
+    term misses where it misses; for a search still running, where the prediction lies)."""
+    tables: dict[str, list[dict[str, object]]] = {}
     for row in document["validation"]:
         if row["state"] == "not run" or row["allocator"] != allocator:
             continue
@@ -46,36 +47,36 @@ def validation_table(document: dict[str, Any], allocator: str = "default") -> pd
         elif row["measured_fails"] is None:
             measured = f"≥ {row['measured_fits']}"
         else:
-            measured = f"{row['measured_fits']}–{row['measured_fails'] - 1} (running)"
+            measured = f"{row['measured_fits']}–{row['measured_fails'] - 1}*"
         predicted = "—" if row["predicted_ceiling"] is None else str(row["predicted_ceiling"])
         if row["within_goal"] is None:
             verdict = "" if row["predicted_ceiling"] is None else _inside(row)
         else:
             verdict = "within goal" if row["within_goal"] else f"misses: {row['wrong_term']}"
-        rows.append({
-            "search": nowrap(_search(row)), "card": nowrap(_card(row["card"])), "resolution": row["resolution"],
-            "measured": nowrap(measured), "predicted": predicted,
+        tables.setdefault(f"{row['stack']} · {row['regime']}", []).append({
+            "backend": nowrap(row["backend"]), "card": nowrap(_card(row["card"])),
+            "measured": nowrap(measured).replace("–", "–\u2060"), "resolution": row["resolution"], "predicted": predicted,
             "error": "" if row["error_fraction"] is None else percent(100 * row["error_fraction"], "+.0f"),
             "verdict": verdict,
         })  # fmt: skip
-    return pd.DataFrame(rows)
+    return {key: pd.DataFrame(rows) for key, rows in tables.items()}
 
 
 def _inside(row: dict[str, Any]) -> str:
     """An unfinished search: whether the prediction lies where the search can still end."""
     low, high, predicted = row["measured_fits"], row["measured_fails"], row["predicted_ceiling"]
     if low is not None and predicted < low:
-        return "below what already trained"
+        return "below a batch that trained"
     if high is not None and predicted >= high:
-        return "above what already failed"
-    return "inside the open range"
+        return "above a batch that failed"
+    return "inside its range"
 
 
 def summary_words(document: dict[str, Any]) -> str:
     """The validation in words: how many finished searches are within the goal, the worst miss and its cause."""
     summary = document["summary"]
     text = (f"Leaving each card out, {summary['within_goal']} of the {summary['judged']} finished ceiling searches are "
-            f"predicted within {document['goal']}.")  # fmt: skip
+            "predicted within one search resolution or 5% of the measured batch, whichever is larger.")  # fmt: skip
     worst = summary.get("worst")
     if worst and worst.get("wrong_term"):
         text += (f" The worst is {worst['search_id']}: predicted {worst['predicted_ceiling']} against a measured "
@@ -84,7 +85,7 @@ def summary_words(document: dict[str, Any]) -> str:
     unfinished = [row for row in document["validation"]
                   if row["within_goal"] is None and row["predicted_ceiling"] is not None and row["measured_fits"]]  # fmt: skip
     if unfinished:
-        inside = sum(_inside(row) == "inside the open range" for row in unfinished)
+        inside = sum(_inside(row) == "inside its range" for row in unfinished)
         text += (f" Of the {len(unfinished)} searches still running or at a lower bound, {inside} have their prediction "
                  "where the search can still end.")  # fmt: skip
     return text
@@ -117,9 +118,10 @@ def cards_table(rows: list[dict[str, Any]], stack: str, regime: str) -> pd.DataF
 
 def misclassifying(rows: list[dict[str, Any]]) -> str:
     """Which backends' margins misclassify committed cells, in words (empty where none does)."""
-    wrong = sorted({(r["stack"], r["regime"], r["backend"], r["margin_misclassifies"]) for r in rows if r["margin_misclassifies"]})
+    wrong = sorted({(r["stack"], r["regime"], r["backend"], r["margin_misclassifies"])
+                    for r in rows if r["margin_misclassifies"]})  # fmt: skip
     if not wrong:
         return ""
-    named = "; ".join(f"{stack} · {regime} · {backend}: {count} committed cells" for stack, regime, backend, count in wrong)
+    named = "; ".join(f"{stack} · {regime} · {backend}: {count} committed cell{'s' if count > 1 else ''}" for stack, regime, backend, count in wrong)
     return (f"`*`: the backend's margin, fitted on every card, still puts committed cells on the wrong side of their "
             f"outcome ({named}); read those entries as rough.")  # fmt: skip
