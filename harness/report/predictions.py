@@ -122,6 +122,7 @@ def misclassifying(rows: list[dict[str, Any]]) -> str:
                     for r in rows if r["margin_misclassifies"]})  # fmt: skip
     if not wrong:
         return ""
-    named = "; ".join(f"{stack} · {regime} · {backend}: {count} committed cell{'s' if count > 1 else ''}" for stack, regime, backend, count in wrong)
+    named = "; ".join(f"{stack} · {regime} · {backend}: {count} committed cell{'s' if count > 1 else ''}"
+                      for stack, regime, backend, count in wrong)  # fmt: skip
     return (f"`*`: the backend's margin, fitted on every card, still puts committed cells on the wrong side of their "
             f"outcome ({named}); read those entries as rough.")  # fmt: skip
