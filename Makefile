@@ -31,6 +31,7 @@ lint: .venvs/pylate/.ready
 	$(PYLATE) -m pip install --quiet --disable-pip-version-check -c envs/pylate/constraints.txt -r envs/lint.txt
 	$(PYLATE) -m ruff check harness tools tests
 	$(PYLATE) -m mypy harness tools
+	.venvs/pylate/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 
 # The book is book/ (book/_config.yml, book/_toc.yml): `jupyter-book build book` is the whole build.
 # Here it builds into .cache/book-build/ (ignored by git, kept between builds) and copies the HTML
