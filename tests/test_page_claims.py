@@ -98,8 +98,9 @@ def test_the_colqwen2_loss_head_is_a_small_part_of_its_training_step(committed):
 
 
 def test_a_probe_on_the_uncapped_card_has_the_gpu_alone_and_every_probe_trains_8_steps_per_seed(committed):
-    """ceilings.md: "a probe on the uncapped 141 GB card still has the GPU alone"; "every probe is an ordinary
-    cell … of **8 optimizer steps**, run for **3 seeds** (42, 43, 44)"."""
+    """ceilings.md: "a probe on the uncapped 141 GB card still has the GPU alone"; a batch fits only if it trains
+    "8 steps on each of seeds 42, 43 and 44" (the grid's searches, :func:`harness.report.decision.criterion`): every
+    probe ran those steps with one of those seeds."""
     results, _, _ = committed
     probes = data.ceiling_probes(results)
     assert len(probes) > 50
