@@ -212,6 +212,7 @@ class CellResult(_Record):
     batch_size = property(lambda self: self.spec.batch_size)
     variant = property(lambda self: self.spec.variant)
     score_mini_batch_size = property(lambda self: self.spec.score_mini_batch_size)
+    mini_batch_size = property(lambda self: self.spec.mini_batch_size)
     negatives = property(lambda self: self.spec.negatives)
     card = property(lambda self: self.spec.card)
     allocator = property(lambda self: self.spec.allocator)
@@ -349,7 +350,8 @@ def read_results(
 
 
 _CELL_COLUMNS = [
-    "grid", "cell_id", "kind", "stack", "regime", "batch_size", "variant", "score_mini_batch_size", "negatives", "card",
+    "grid", "cell_id", "kind", "stack", "regime", "batch_size", "variant", "score_mini_batch_size", "mini_batch_size",
+    "negatives", "card",
     "allocator", "steps", "seed", "preset",
     "outcome", "failure", "oom_message", "oom_where", "pre_oom_alloc_mib", "pre_oom_reserved_mib",
     "step_peak_alloc_mib", "step_peak_reserved_mib", "steady_step_time_sec", "samples_per_sec",

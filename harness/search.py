@@ -37,8 +37,8 @@ from harness.results import CellResult, read_results
 from harness.spec import TrainSpec, admits, make_spec
 
 MIN_STEPS = 8
-SEARCH_FIELDS = ("stack", "regime", "variant", "score_mini_batch_size", "card", "allocator")
-EXPANDABLE = ("variant", "regime", "score_mini_batch_size", "card", "allocator")
+SEARCH_FIELDS = ("stack", "regime", "variant", "score_mini_batch_size", "mini_batch_size", "card", "allocator")
+EXPANDABLE = ("variant", "regime", "score_mini_batch_size", "mini_batch_size", "card", "allocator")
 
 
 class CeilingSearch(BaseModel):
@@ -51,6 +51,7 @@ class CeilingSearch(BaseModel):
     regime: str
     variant: str
     score_mini_batch_size: int | None = Field(default=None, gt=0)
+    mini_batch_size: int | None = Field(default=None, gt=0)  # the gradcache regime's
     card: str
     allocator: str = "default"
     seeds: tuple[int, ...] = Field(min_length=1)
@@ -86,8 +87,8 @@ class CeilingSearch(BaseModel):
 
     def probe(self, batch_size: int, seed: int) -> TrainSpec:
         """The spec of the probe at ``batch_size`` for ``seed``."""
-        names = ("stack", "regime", "variant", "score_mini_batch_size", "card", "allocator", "steps", "preset",
-                 "device", "model_source", "data_source")  # fmt: skip
+        names = ("stack", "regime", "variant", "score_mini_batch_size", "mini_batch_size", "card", "allocator", "steps",
+                 "preset", "device", "model_source", "data_source")  # fmt: skip
         spec = make_spec({name: getattr(self, name) for name in names} | {"batch_size": batch_size, "seed": seed})
         assert isinstance(spec, TrainSpec)
         return spec

@@ -72,7 +72,7 @@ STACKS: dict[str, Stack] = {
     for stack in (
         Stack("colpali", "train", "colpali", ("plain",), "colpali", "notebooks/colpali.ipynb",
               module="harness.stacks.colpali", presets=("tiny", "full")),
-        Stack("pylate", "train", "pylate", ("plain", "grad-checkpoint"), "pylate", "notebooks/pylate.ipynb",
+        Stack("pylate", "train", "pylate", ("plain", "grad-checkpoint", "gradcache"), "pylate", "notebooks/pylate.ipynb",
               module="harness.stacks.pylate", presets=("tiny", "full"), chunking=True),
         Stack("op-colpali", "op", "colpali", ("inbatch", "negative-ce", "pairwise-negative-ce"), "colpali",
               "notebooks/op.ipynb", lengths=(32, 1030), negative_heads=("negative-ce", "pairwise-negative-ce")),
@@ -196,6 +196,10 @@ def _positive(name: str, value: object, allow_none: bool = False, minimum: int =
         raise SpecError(f"{name} must be an integer of at least {minimum}, got {value!r}.")
 
 
+GRADCACHE = "gradcache"  # PyLate's CachedContrastive: GradCache, the encoder in mini-batches, scores per query chunk
+GRADCACHE_MINI_BATCH = 32  # CachedContrastive's own default mini_batch_size
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainSpec:
     """One training cell: a few real optimizer steps of a stack's own trainer, measured end to end.
@@ -210,7 +214,11 @@ class TrainSpec:
     batch_size: int = dataclasses.field(default=4, metadata={"help": "per-device batch size (queries per step)"})
     variant: str = dataclasses.field(default="vanilla", metadata={"help": "the MaxSim backend"})
     score_mini_batch_size: int | None = dataclasses.field(
-        default=None, metadata={"help": "PyLate's chunking: queries scored per chunk (vanilla only)"})
+        default=None, metadata={"help": "PyLate's chunking: queries scored per chunk (vanilla only; any backend under "
+                                        "gradcache, where it defaults to mini_batch_size)"})
+    mini_batch_size: int | None = dataclasses.field(
+        default=None, metadata={"help": "gradcache only: samples PyLate's CachedContrastive embeds per mini-batch "
+                                        f"(default {GRADCACHE_MINI_BATCH})"})
     card: str = dataclasses.field(default="native", metadata={"help": "emulated card: the allocator is capped to it"})
     allocator: str = dataclasses.field(default="default", metadata={"help": "the CUDA caching allocator regime"})
     steps: int = dataclasses.field(default=4, metadata={"help": "optimizer steps (the least a cell trains)"})
@@ -254,8 +262,13 @@ class TrainSpec:
                             "have no steady step to time.")
         if self.score_mini_batch_size is not None and not info.chunking:
             raise SpecError(f"score_mini_batch_size is PyLate's chunking; the {self.stack} stack has no such option.")
-        if self.score_mini_batch_size is not None and self.variant != "vanilla":
-            raise SpecError("score_mini_batch_size chunks PyLate's vanilla scores; the fused backends never build the grid.")
+        _positive("mini_batch_size", self.mini_batch_size, allow_none=True)
+        if self.mini_batch_size is not None and self.regime != GRADCACHE:
+            raise SpecError(f"mini_batch_size is the {GRADCACHE} regime's (PyLate's CachedContrastive); "
+                            f"regime {self.regime!r} embeds the whole batch at once.")
+        if self.score_mini_batch_size is not None and self.variant != "vanilla" and self.regime != GRADCACHE:
+            raise SpecError("score_mini_batch_size chunks PyLate's vanilla scores; the fused backends never build the grid "
+                            f"(under {GRADCACHE}, the cached loss scores in chunks for every backend).")
         if self.card != "native" and self.device == "cpu":
             raise SpecError(f"card {self.card!r} emulation caps a CUDA device; on the CPU use card 'native'.")
 
@@ -271,6 +284,8 @@ class TrainSpec:
     def setting_id(self) -> str:
         """Backend, card and allocator: ``vanilla-chunk64-h100-80gb``, ``lik-native-expandable``."""
         chunk = f"-chunk{self.score_mini_batch_size}" if self.score_mini_batch_size else ""
+        if self.mini_batch_size:
+            chunk = f"-mb{self.mini_batch_size}{chunk}"
         # the allocator and seed name a cell only where they differ from the defaults, so the ids
         # of cells run before those dimensions existed stay what they were
         allocator = f"-{self.allocator}" if self.allocator != "default" else ""
@@ -284,6 +299,8 @@ class TrainSpec:
     @property
     def title(self) -> str:
         chunk = f" + chunk {self.score_mini_batch_size}" if self.score_mini_batch_size else ""
+        if self.mini_batch_size:
+            chunk = f" · mini-batch {self.mini_batch_size}{chunk}"
         allocator = f" · {self.allocator} allocator" if self.allocator != "default" else ""
         seed = f" · seed {self.seed}" if self.seed != DEFAULT_SEED else ""
         return f"{self.stack} · {self.regime} · B={self.batch_size} · {self.variant}{chunk} · {self.card}{allocator}{seed}"
@@ -375,6 +392,10 @@ class OpSpec:
 
     @property
     def score_mini_batch_size(self) -> None:
+        return None
+
+    @property
+    def mini_batch_size(self) -> None:
         return None
 
     @property

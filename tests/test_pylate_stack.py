@@ -43,6 +43,23 @@ def test_a_tiny_cell_trains_through_pylates_trainer(tmp_path, regime, chunk):
     assert result.env.data_source.startswith("synthetic:msmarco-triplet")
 
 
+@pytest.mark.parametrize("mini_batch, score_chunk, rows", [(4, None, [4, 2]), (2, 5, [5, 1])])
+def test_a_gradcache_cell_scores_each_query_chunk_against_every_document(tmp_path, mini_batch, score_chunk, rows):
+    """CachedContrastive: one score call per query chunk (of score_mini_batch_size, by default the
+    mini-batch), each against all B documents; the encoder's passes never reach the call site."""
+    result = cell(tmp_path, regime="gradcache", mini_batch_size=mini_batch, score_mini_batch_size=score_chunk)
+    assert result.outcome == "ok" and len(result.step_times_sec) == STEPS
+    chunk = "" if score_chunk is None else f"-chunk{score_chunk}"
+    assert result.cell_id == f"pylate-gradcache-b{BATCH}-vanilla-mb{mini_batch}{chunk}-native"
+    assert len(result.maxsim_calls_in_train) == STEPS * len(rows)
+    assert [c.query_shape[0] for c in result.maxsim_calls_in_train[: len(rows)]] == rows
+    assert all(c.doc_shape == [BATCH, 2, 300, 128] and c.doc_mask_shape == [BATCH, 2, 300]
+               for c in result.maxsim_calls_in_train)  # fmt: skip
+    for replay in result.maxsim_calls_isolated:  # the analytic prediction holds for a chunk against every document
+        assert round(replay.forward_transient_peak_mib * MIB) == round(replay.predicted_forward_transient_mib * MIB)
+        assert round(replay.saved_for_backward_mib * MIB) == round(replay.predicted_saved_for_backward_mib * MIB)
+
+
 def test_in_train_score_calls_hold_what_the_replay_holds(tmp_path, capsys):
     """Through `harness cell --device cpu` without --preset: "auto" is the tiny model on a CPU."""
     from harness.cli import main

@@ -166,7 +166,8 @@ def test_a_spec_is_frozen_and_changed_only_through_its_checks():
         ),
         (
             dict(stack="pylate", regime="gradcheckpoint"),
-            "unknown regime for pylate 'gradcheckpoint' (did you mean 'grad-checkpoint'?); choose one of plain, grad-checkpoint.",
+            "unknown regime for pylate 'gradcheckpoint' (did you mean 'grad-checkpoint'?); "
+            "choose one of plain, grad-checkpoint, gradcache.",
         ),
         (dict(stack="colpali", variant="flash"), "variant 'flash' is not available for colpali; choose one of vanilla, lik."),
         (
@@ -175,8 +176,15 @@ def test_a_spec_is_frozen_and_changed_only_through_its_checks():
         ),
         (
             dict(stack="pylate", variant="lik", score_mini_batch_size=64),
-            "score_mini_batch_size chunks PyLate's vanilla scores; the fused backends never build the grid.",
+            "score_mini_batch_size chunks PyLate's vanilla scores; the fused backends never build the grid (under "
+            "gradcache, the cached loss scores in chunks for every backend).",
         ),
+        (
+            dict(stack="pylate", regime="grad-checkpoint", mini_batch_size=32),
+            "mini_batch_size is the gradcache regime's (PyLate's CachedContrastive); regime 'grad-checkpoint' embeds "
+            "the whole batch at once.",
+        ),
+        (dict(stack="pylate", regime="gradcache", mini_batch_size=0), "mini_batch_size must be an integer of at least 1, got 0."),
         (dict(steps=4, warmup_steps=4), "warmup_steps (4) must be below steps (4): the cell would have no steady step to time."),
         (dict(card="h100-80gb", device="cpu"), "card 'h100-80gb' emulation caps a CUDA device; on the CPU use card 'native'."),
         (dict(batch_size=True), "batch_size must be an integer of at least 1, got True."),
@@ -196,8 +204,8 @@ def test_a_train_spec_that_cannot_be_is_refused_in_one_line(fields, reason):
         (
             dict(stack="pylate", batch=4),
             "train cells have no field 'batch' (did you mean 'batch_size'?); they take allocator, batch_size, "
-            "card, data_source, device, min_steady_steps, model_source, preset, regime, score_mini_batch_size, seed, stack, "
-            "steps, variant, warmup_steps.",
+            "card, data_source, device, min_steady_steps, mini_batch_size, model_source, preset, regime, "
+            "score_mini_batch_size, seed, stack, steps, variant, warmup_steps.",
         ),
         (
             dict(stack="op-colpali", head="negative", negatives=4),
@@ -270,3 +278,11 @@ def test_the_spec_module_imports_the_standard_library_only():
     assert outside == [], f"harness.spec imported {outside}"
     assert not {"torch", "pydantic", "pandas", "yaml", "numpy"} & {name.split(".")[0] for name in loaded}
     assert {name for name in loaded if name.startswith("harness")} == {"harness", "harness.spec"}
+
+
+def test_a_gradcache_cell_names_its_mini_batch_and_score_chunk_for_every_backend():
+    spec = TrainSpec(stack="pylate", regime="gradcache", variant="lik", batch_size=4096, mini_batch_size=64,
+                     score_mini_batch_size=128)  # fmt: skip
+    assert spec.cell_id == "pylate-gradcache-b4096-lik-mb64-chunk128-native"
+    assert spec.title == "pylate · gradcache · B=4096 · lik · mini-batch 64 + chunk 128 · native"
+    assert TrainSpec(stack="pylate", regime="gradcache", batch_size=8).cell_id == "pylate-gradcache-b8-vanilla-native"

@@ -3,12 +3,15 @@
 One cell is built the way PyLate's users train: ``pylate.models.ColBERT``,
 ``losses.Contrastive(model, score_mini_batch_size=None|N)``, ``SentenceTransformerTrainer`` with
 ``ColBERTCollator(model.tokenize)``, bf16 on CUDA, lr 3e-6, no warm-up, seed = data_seed.
-Regimes: ``plain`` (the canonical recipe) and ``grad-checkpoint`` (non-reentrant gradient
+Regimes: ``plain`` (the canonical recipe), ``grad-checkpoint`` (non-reentrant gradient
 checkpointing enabled on the HF encoder, the regime where the score grid binds before the
-encoder's activations). The wrapped call site is the loss's ``score_metric``: with chunking each
-query chunk is its own call. The backend is PyLate's own strict switch, ``PYLATE_SCORES_BACKEND``
-(PyLate >= 1.5.1); on older releases (the ``pylate-1.5`` environment) vanilla is the untouched
-library and lik is ``late_interaction_kernels.patch_pylate()``; flash needs the native switch.
+encoder's activations) and ``gradcache`` (``losses.CachedContrastive(model, mini_batch_size,
+score_mini_batch_size)``: the encoder's activations stop growing with the batch, so the score grid
+of each query chunk against every document is what grows). The wrapped call site is the loss's
+``score_metric``: with chunking each query chunk is its own call. The backend is PyLate's own
+strict switch, ``PYLATE_SCORES_BACKEND`` (PyLate >= 1.5.1); on older releases (the ``pylate-1.5``
+environment) vanilla is the untouched library and lik is ``late_interaction_kernels.patch_pylate()``;
+flash needs the native switch.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from harness.ops import PylateColbertScores
-from harness.spec import STACKS
+from harness.spec import GRADCACHE, GRADCACHE_MINI_BATCH, STACKS
 from harness.stacks import BuiltCell, measurement_arguments, msmarco, pylate_model, release, switch_backend
 
 BACKEND_SWITCH = {"vanilla": "torch", "lik": "lik", "flash": "flash"}
@@ -60,7 +63,14 @@ class PylateStack:
         if params.regime == "grad-checkpoint":
             model[0].auto_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         dataset, data_source = msmarco.load_triplets(params.data_source, params.batch_size * params.max_steps, params.seed)
-        loss = losses.Contrastive(model=model, score_mini_batch_size=params.score_mini_batch_size)
+        loss: losses.Contrastive | losses.CachedContrastive
+        if params.regime == GRADCACHE:
+            # GradCache: embeddings without a graph first, the loss scored per query chunk (a backward per
+            # chunk, into cached embedding gradients), then the encoder again per mini-batch with its graph.
+            loss = losses.CachedContrastive(model=model, mini_batch_size=params.mini_batch_size or GRADCACHE_MINI_BATCH,
+                                            score_mini_batch_size=params.score_mini_batch_size)  # fmt: skip
+        else:
+            loss = losses.Contrastive(model=model, score_mini_batch_size=params.score_mini_batch_size)
         args = SentenceTransformerTrainingArguments(
             **measurement_arguments(params, device),
             learning_rate=LEARNING_RATE,
