@@ -136,10 +136,14 @@ def test_the_committed_ceiling_grid_covers_every_card_backend_and_allocator():
     cards = {s.card for s in searches}
     assert cards == {"rtx4090-24gb", "a100-40gb", "l40s-48gb", "h100-80gb", "native"}
     assert {s.allocator for s in searches if s.stack == "colpali"} == {"default", "expandable"}
-    assert {(s.variant, s.score_mini_batch_size) for s in searches if s.stack == "pylate"} == {
+    assert {(s.variant, s.score_mini_batch_size) for s in searches if s.stack == "pylate" and s.regime != "gradcache"} == {
         ("vanilla", None), ("lik", None), ("flash", None), ("vanilla", 64)}
+    gradcache = [s for s in searches if s.regime == "gradcache"]  # every backend, and vanilla's own score chunk
+    assert {(s.variant, s.score_mini_batch_size, s.mini_batch_size) for s in gradcache} == {
+        ("vanilla", None, 64), ("vanilla", 16, 64), ("lik", None, 64), ("flash", None, 64)}
+    assert {s.card for s in gradcache} == {"rtx4090-24gb", "h100-80gb", "native"}
     assert all(s.steps >= 8 and len(s.seeds) >= 3 and s.grid == "ceilings" for s in searches)
-    assert len({s.search_id for s in searches}) == len(searches) == 70
+    assert len({s.search_id for s in searches}) == len(searches) == 82
     assert [s.search_id for s in load_searches(ROOT / "grids" / "ceilings.yaml", ["colpali-plain-*-h100-80gb*"])] == [
         "colpali-plain-vanilla-h100-80gb", "colpali-plain-lik-h100-80gb",
         "colpali-plain-vanilla-h100-80gb-expandable", "colpali-plain-lik-h100-80gb-expandable"]  # fmt: skip

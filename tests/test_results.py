@@ -67,7 +67,8 @@ def test_round_trip_keeps_every_field(tmp_path):
     assert (stored["grid"], stored["cell_id"]) == ("ours", "colpali-plain-b4-vanilla-native")
     # the cell's identity lives in the spec only, every field of it, read through by the result
     assert stored["spec"] == {"kind": "train", "stack": "colpali", "regime": "plain", "batch_size": 4, "variant": "vanilla",
-                              "score_mini_batch_size": None, "card": "native", "allocator": "default", "steps": 2,
+                              "score_mini_batch_size": None, "mini_batch_size": None, "card": "native",
+                              "allocator": "default", "steps": 2,
                               "warmup_steps": 1, "min_steady_steps": 0, "seed": 42, "preset": "full", "device": "cuda",
                               "model_source": None,
                               "data_source": None}  # fmt: skip

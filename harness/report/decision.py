@@ -23,6 +23,7 @@ REGIME_NAMES = {
     ("colpali", "plain"): "ColQwen2 + LoRA (colpali-engine recipe)",
     ("pylate", "grad-checkpoint"): "GTE-ModernColBERT, gradient checkpointing (PyLate)",
     ("pylate", "plain"): "GTE-ModernColBERT, no checkpointing (PyLate)",
+    ("pylate", "gradcache"): "GTE-ModernColBERT, GradCache (PyLate's CachedContrastive, mini-batches of 64)",
 }
 
 
