@@ -32,10 +32,11 @@ from harness.bracket import PeakLedger
 from harness.memory import probe_for, to_mib
 from harness.recorder import OpRecorder, first_line
 from harness.replay import replay_shapes
-from harness.results import CellResult, Outcome, Timing, write_result
+from harness.results import CellResult, Outcome, Parity, Timing, write_result
 from harness.spec import CellSpec, TrainSpec, with_fields
 from harness.stacks import BuiltCell, Stack, load_stack
 from harness.timing import AutotuneWatch, StepTimer, steady_state, timed
+from harness.trace import TrainingTrace
 
 
 def resolve_auto(spec: CellSpec) -> CellSpec:
@@ -138,6 +139,8 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
     oom_where: Literal["maxsim", "elsewhere"] | None = None
     device_oom = False
     built: BuiltCell | None = None
+    trace = TrainingTrace() if spec.trace else None
+    parity: Parity | None = None
     samples_per_step = spec.batch_size
     model_source, data_source = spec.model_source, spec.data_source
 
@@ -154,8 +157,12 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
                 built.trainer.add_callback(timer)
                 quiet_printer(built.trainer)
                 neighbours.mark(device.type)
+                if trace is not None:
+                    active.enter_context(trace.installed(built.trainer))
                 with recorder.installed(built.call_site_owner, built.call_site_attribute), timed(phases, "train"):
                     built.trainer.train()
+                if trace is not None:
+                    parity = trace.finish(spec, built.trainer.model)
         except torch.OutOfMemoryError as error:
             outcome, oom_message = "oom", first_line(error)
             # on a shared GPU an OOM the message cannot attribute is not taken for the card's
@@ -209,6 +216,9 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
         wall_sec=time.perf_counter() - started,
         phase_sec=phases,
         timing=timing_context(device, neighbours),
+        loss_per_step=[] if trace is None else trace.loss_per_step,
+        grad_norm_per_step=[] if trace is None else trace.grad_norm_per_step,
+        parity=parity,
     )
     write_result(result, output)
     return result

@@ -84,6 +84,22 @@ class Environment(_Record):
     seed: int
 
 
+class Parity(_Record):
+    """A traced cell against the vanilla cell of the same stack, regime, batch, seed and steps
+    (:mod:`harness.trace`): the cosine, norm ratio and relative difference of the first step's
+    gradients of the trainable parameters, and the final trainable weights' largest absolute and
+    relative (‖Δ‖ / ‖θ_vanilla‖) difference. ``note`` says why a value is missing."""
+
+    reference: str
+    reference_cell_id: str | None = None
+    first_grad_cosine: float | None = None
+    first_grad_norm_ratio: float | None = None
+    first_grad_rel_diff: float | None = None
+    final_weight_max_abs_diff: float | None = None
+    final_weight_rel_diff: float | None = None
+    note: str | None = None
+
+
 class Timing(_Record):
     """What the cell's times were taken beside (:mod:`harness.host`), and whether they may be published.
 
@@ -180,6 +196,11 @@ class CellResult(_Record):
     # the timing rule (harness.host): what the times were taken beside; None on results older than it,
     # whose times are therefore never published as the card's
     timing: Timing | None = None
+    # traced cells (spec.trace): per step, the loss the trainer's training_step returned and the
+    # trainable parameters' gradient norm before clipping; the comparison with vanilla's cell
+    loss_per_step: list[float] = Field(default_factory=list)
+    grad_norm_per_step: list[float] = Field(default_factory=list)
+    parity: Parity | None = None
 
     @property
     def data_draw(self) -> str | None:

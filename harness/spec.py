@@ -234,6 +234,9 @@ class TrainSpec:
         default=None, metadata={"help": "None: offline random weights; 'hub', a hub id or a checkpoint directory"})
     data_source: str | None = dataclasses.field(
         default=None, metadata={"help": "None: synthetic data; 'hub' or a local dataset directory"})
+    trace: bool = dataclasses.field(
+        default=False, metadata={"help": "parity: record each step's loss and gradient norm, and compare the first "
+                                         "gradient and final weights with the vanilla cell's (harness.trace)"})
 
     # papermill parameter names of the stack notebooks that differ from the field names
     NOTEBOOK_NAMES: ClassVar[dict[str, str]] = {"batch_size": "batch"}
@@ -269,6 +272,8 @@ class TrainSpec:
         if self.score_mini_batch_size is not None and self.variant != "vanilla" and self.regime != GRADCACHE:
             raise SpecError("score_mini_batch_size chunks PyLate's vanilla scores; the fused backends never build the grid "
                             f"(under {GRADCACHE}, the cached loss scores in chunks for every backend).")
+        if not isinstance(self.trace, bool):
+            raise SpecError(f"trace must be true or false, got {self.trace!r}.")
         if self.card != "native" and self.device == "cpu":
             raise SpecError(f"card {self.card!r} emulation caps a CUDA device; on the CPU use card 'native'.")
 

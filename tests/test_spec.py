@@ -39,8 +39,8 @@ def cell_grids():
 
 
 def test_the_committed_grids_are_the_report_s():
-    assert set(grid_names()) == {"published", "ours", "op", "ceilings", "shared-gpu-check", "repeat"}
-    assert set(cell_grids()) == {"published", "ours", "op", "repeat"}
+    assert set(grid_names()) == {"published", "ours", "op", "ceilings", "shared-gpu-check", "repeat", "gradcache", "parity"}
+    assert set(cell_grids()) == {"published", "ours", "op", "repeat", "gradcache", "parity"}
     # the repeat grid runs cells of the published grid again, with the same specs
     published = {cell.cell_id: cell.spec for cell in load_grid(grid_names()["published"])}
     assert all(published[cell.cell_id] == cell.spec for cell in load_grid(grid_names()["repeat"]))
@@ -205,7 +205,7 @@ def test_a_train_spec_that_cannot_be_is_refused_in_one_line(fields, reason):
             dict(stack="pylate", batch=4),
             "train cells have no field 'batch' (did you mean 'batch_size'?); they take allocator, batch_size, "
             "card, data_source, device, min_steady_steps, mini_batch_size, model_source, preset, regime, "
-            "score_mini_batch_size, seed, stack, steps, variant, warmup_steps.",
+            "score_mini_batch_size, seed, stack, steps, trace, variant, warmup_steps.",
         ),
         (
             dict(stack="op-colpali", head="negative", negatives=4),

@@ -10,10 +10,18 @@ from typing import Any
 
 import pandas as pd
 
-from harness.memmodel import OTHER_CARDS, VALIDATION
-from harness.report import style
+from harness.memmodel import OTHER_CARDS, VALIDATION, MemoryModel, ModelError, fit
+from harness.report import data, style
 from harness.report.text import nowrap, percent
 from harness.spec import CARDS
+
+
+def fitted(results: data.Results) -> tuple[MemoryModel | None, str]:
+    """The model fitted to ``results``, or None with the one-line reason (no training cell yet)."""
+    try:
+        return fit(results), ""
+    except ModelError as error:
+        return None, str(error)
 
 
 def validation(path: Path = VALIDATION) -> dict[str, Any]:
