@@ -46,3 +46,4 @@ def test_the_comparison_measures_direction_and_size():
     assert turned.final_weight_rel_diff == pytest.approx(0.3 * 3**0.5 / 3)
     other = trace.compare(torch.ones(2, dtype=torch.float64), final, reference, final, "r", "v")
     assert other.first_grad_cosine is None and "differ in size" in other.note
+
