@@ -629,10 +629,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="vanilla", help="vanilla | lik | flash | 'vanilla + chunk 64'")
     parser.add_argument("--card", help=f"a card: {', '.join([*CARDS, *OTHER_CARDS])}")
     parser.add_argument("--memory-gib", type=float, help="usable GiB (the card's reported capacity less ~0.7 GiB of context)")
-    parser.add_argument("--allocator", default="default", choices=["default", "expandable"])
+    parser.add_argument("--allocator", default="default", choices=["default", "expandable"],
+                        help="the caching allocator setting the margin was fitted for (default: PyTorch's default)")  # fmt: skip
     parser.add_argument("--query-length", type=int, default=None, help="query tokens (default: the longest recorded)")
     parser.add_argument("--doc-length", type=int, default=None, help="document tokens (default: the longest recorded)")
-    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--world-size", type=int, default=1, help="data-parallel ranks (labels per-device figures; default 1)")
     parser.add_argument("--batch", type=int, default=None, help="also predict the step peak at this per-device batch")
 
 

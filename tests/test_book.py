@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from myst_nb.core.read import read_myst_markdown_notebook
 
-from harness.results import RESULTS_DIR_VARIABLE
+from harness.results import RESULTS_DIR_VARIABLE, result_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 JUPYTER_BOOK = Path(sys.executable).parent / "jupyter-book"
@@ -109,7 +109,7 @@ def test_the_book_loads_nothing_from_the_network(book):
 def committed_cell(**spec: object) -> dict:
     """The one committed result (its JSON, read without the harness) whose spec has these fields."""
     found = []
-    for path in COMMITTED.rglob("*.json"):
+    for path in result_paths(COMMITTED):
         document = json.loads(path.read_text())
         if document["grid"] in ("ours", "published") and all(document["spec"].get(k) == v for k, v in spec.items()):
             found.append(document)
@@ -120,7 +120,7 @@ def committed_cell(**spec: object) -> dict:
 def test_the_book_shows_committed_results(book):
     results = (book / "results.html").read_text()
     assert "No results have been committed yet" not in results and "Files not read" not in results
-    assert f"({len(list(COMMITTED.rglob('*.json')))} cells, 16 columns)" in results
+    assert f"({len(result_paths(COMMITTED))} cells, 16 columns)" in results
     intro = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", (book / "intro.html").read_text()))
     for variant in ("vanilla", "lik"):
         cell = committed_cell(stack="colpali", regime="plain", batch_size=64, variant=variant, card="h100-80gb")
