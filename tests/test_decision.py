@@ -97,3 +97,13 @@ def test_the_pages_inputs_digest_changes_with_a_result_and_only_then(tmp_path):
     shutil.rmtree(tmp_path / "results")
     (tmp_path / "results").mkdir()
     assert data.inputs_digest(tmp_path) != before
+
+
+def test_a_prediction_stands_beside_a_search_that_has_not_settled_and_never_beside_a_measured_ceiling():
+    running, finished = row("lik", "h100-80gb", 1280, 1344, done=False), row("vanilla", "h100-80gb", 640, 672)
+    assert decision.entry(running, 1300) == "1280–1343*<br><i>pred.\u00a01300</i>"
+    assert decision.entry(finished, 700) == "640"
+    table = decision.decision_table([running, finished], "pylate", "grad-checkpoint",
+                                    {("pylate", "grad-checkpoint", "lik", "h100-80gb"): 1300})  # fmt: skip
+    assert table.set_index("backend").loc["lik", "80\u00a0GB"].endswith("pred.\u00a01300</i>")
+    assert decision.started([], "pylate", "plain", {("pylate", "plain", "lik", "a100-40gb"): 80})

@@ -10,7 +10,7 @@ searches have all finished.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
@@ -55,17 +55,21 @@ def criterion(searches: Sequence[SearchRow]) -> str:
 
 
 RUNNING_MARK = "*"  # follows an entry whose search is still running
+PREDICTED_BREAK = "<br>"  # a prediction goes on its own line of the table cell
 
 
-def entry(row: SearchRow | None) -> str:
+def entry(row: SearchRow | None, predicted: int | None = None) -> str:
     """A search's answer for the decision table, compact: '160' (finished), '≥ 256' (finished at the
-    grid's limit), '72–75*' or '≥ 72*' (still running: the ceiling lies in that range), 'not run'."""
+    grid's limit), '72–75*' or '≥ 72*' (still running: the ceiling lies in that range), 'not run';
+    where the search has not settled and the memory model predicts it, 'pred. 74' on a line below."""
     if row is None:
         return ""
     text = ceiling_text(row)
-    if row.done or row.probes == 0 or row.stopped:
-        return nowrap(text)
-    return nowrap(text.replace(" (searching)", "") + RUNNING_MARK)
+    if not (row.done or row.probes == 0 or row.stopped):
+        text = text.replace(" (searching)", "") + RUNNING_MARK
+    if predicted is not None and row.settled is None:
+        return f"{nowrap(text)}{PREDICTED_BREAK}<i>pred.\u00a0{predicted}</i>"
+    return nowrap(text)
 
 
 def card_column(card: str) -> str:
@@ -73,14 +77,18 @@ def card_column(card: str) -> str:
     return nowrap(card_short(card).replace("whole H200", "H200"))
 
 
-def started(searches: Sequence[SearchRow], stack: str, regime: str) -> bool:
-    """Whether any ceiling search of the regime has a probe."""
-    return any(row.probes > 0 for row in _of(searches, stack, regime))
+def started(searches: Sequence[SearchRow], stack: str, regime: str,
+            predicted: Mapping[tuple[str, ...], int] | None = None) -> bool:  # fmt: skip
+    """Whether the regime's table has anything to show: a search with a probe, or a prediction."""
+    return any(row.probes > 0 for row in _of(searches, stack, regime)) or any(
+        key[:2] == (stack, regime) for key in (predicted or {}))
 
 
-def decision_table(searches: Sequence[SearchRow], stack: str, regime: str) -> pd.DataFrame:
+def decision_table(searches: Sequence[SearchRow], stack: str, regime: str,
+                   predicted: Mapping[tuple[str, ...], int] | None = None) -> pd.DataFrame:  # fmt: skip
     """Backend (rows, in the legend's order) × card (columns, smallest first): the largest batch that
-    trains on every seed under the default allocator (:func:`entry`)."""
+    trains on every seed under the default allocator, measured, with the memory model's prediction
+    beside each search that has not settled (``predicted``: (stack, regime, backend, card) → batch)."""
     rows = _of(searches, stack, regime)
     if not rows:
         return pd.DataFrame()
@@ -89,8 +97,8 @@ def decision_table(searches: Sequence[SearchRow], stack: str, regime: str) -> pd
     for backend in style.in_order({row.backend for row in rows}):
         line = {"backend": nowrap(backend)}
         for card in cards:
-            line[card_column(card)] = entry(
-                next((r for r in rows if r.card == card and r.backend == backend), None))
+            line[card_column(card)] = entry(next((r for r in rows if r.card == card and r.backend == backend), None),
+                                            (predicted or {}).get((stack, regime, backend, card)))  # fmt: skip
         table.append(line)
     return pd.DataFrame(table)
 

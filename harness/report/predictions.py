@@ -134,3 +134,22 @@ def misclassifying(rows: list[dict[str, Any]]) -> str:
                       for stack, regime, backend, count in wrong)  # fmt: skip
     return (f"`*`: the backend's margin, fitted on every card, still puts committed cells on the wrong side of their "
             f"outcome ({named}); read those entries as rough.")  # fmt: skip
+
+
+def ceiling_predictions(searches: list[data.SearchRow], model: MemoryModel | None) -> dict[tuple[str, ...], int]:
+    """The model's ceiling for every default-allocator search not finished yet (running or not run),
+    at the search's resolution and limit: (stack, regime, backend, card) → batch. Searches of a
+    backend the model has no cells or margin for are left out."""
+    predicted: dict[tuple[str, ...], int] = {}
+    if model is None:
+        return predicted
+    for row in searches:
+        if row.allocator != "default" or row.settled is not None or row.usable_gib is None:
+            continue
+        key = (row.stack, row.regime, row.backend)
+        try:
+            predicted[(*key, row.card)] = model.predict_ceiling(
+                key, "default", row.usable_gib * 1024, resolution=row.search.resolution, limit=row.search.limit)
+        except ModelError:
+            continue
+    return predicted
