@@ -45,3 +45,10 @@ def test_the_cards_table_is_the_models_prediction_marked_where_its_margin_is_rou
             column = row["backend"].replace(" ", "\u00a0")
             shown = [value for value in table[column] if value.rstrip("*") == str(row["predicted_largest_batch"])]
             assert shown and all(value.endswith("*") == bool(row["margin_misclassifies"]) for value in shown)
+
+
+def test_the_lengths_sentence_names_what_the_committed_steps_saw():
+    text = predictions.length_coverage()
+    lengths = data.query_lengths(stack="colpali")
+    assert f"queries of {lengths['query_tokens'].min()}–{lengths['query_tokens'].max()} tokens" in text
+    assert "pylate: queries of 48 tokens, documents of 300" in text  # PyLate pads to fixed lengths

@@ -153,3 +153,33 @@ def ceiling_predictions(searches: list[data.SearchRow], model: MemoryModel | Non
         except ModelError:
             continue
     return predicted
+
+
+NARROW_LENGTHS = 0.05  # documents whose lengths vary less than this leave a per-token cost undetermined
+
+
+def length_coverage(source: data.Source = None) -> str:
+    """Which sequence lengths the committed training steps cover, per stack, in words: the range of
+    query and document tokens their MaxSim calls saw (what the per-token coefficient is fitted over)."""
+    spans: dict[str, tuple[set[int], set[int]]] = {}
+    for _, result in data.results_of(source).found:
+        if result.kind != "train":
+            continue
+        queries, documents = spans.setdefault(result.stack, (set(), set()))
+        for call in result.maxsim_calls_in_train:
+            queries.add(int(call.query_shape[1]))
+            documents.add(int(call.doc_shape[-2]))
+    if not spans:
+        return ""
+
+    def span(values: set[int]) -> str:
+        return f"{min(values)}" if len(values) == 1 else f"{min(values)}–{max(values)}"
+
+    parts = [f"{stack}: queries of {span(q)} tokens, documents of {span(d)}" for stack, (q, d) in sorted(spans.items())]
+    narrow = [stack for stack, (_, d) in sorted(spans.items()) if (max(d) - min(d)) / max(d) < NARROW_LENGTHS]
+    text = "The committed training steps saw " + "; ".join(parts) + "."
+    if narrow:
+        text += (f" Document lengths vary by less than {NARROW_LENGTHS:.0%} there ({', '.join(narrow)}), so the fit "
+                 "cannot tell a document token from a query token or from a cost per sample: a prediction for other "
+                 "lengths extrapolates with one coefficient per token.")  # fmt: skip
+    return text
