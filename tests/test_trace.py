@@ -15,10 +15,6 @@ FIELDS = dict(stack="pylate", regime="plain", batch_size=6, steps=3, preset="tin
 
 def test_a_traced_backend_is_compared_with_the_vanilla_cell_of_its_batch_and_seed(tmp_path, monkeypatch):
     monkeypatch.setenv("MAXSIM_PARITY_DIR", str(tmp_path / "store"))
-    early = run_cell(TrainSpec(**FIELDS, score_mini_batch_size=4), tmp_path / "early.json")
-    assert early.parity is not None and early.parity.first_grad_cosine is None
-    assert early.parity.note.startswith("no reference at ")  # vanilla has not run yet: said, not guessed
-
     vanilla = run_cell(TrainSpec(**FIELDS), tmp_path / "vanilla.json")
     assert len(vanilla.loss_per_step) == len(vanilla.grad_norm_per_step) == 3
     assert all(loss > 0 for loss in vanilla.loss_per_step) and all(norm > 0 for norm in vanilla.grad_norm_per_step)
@@ -47,3 +43,13 @@ def test_the_comparison_measures_direction_and_size():
     other = trace.compare(torch.ones(2, dtype=torch.float64), final, reference, final, "r", "v")
     assert other.first_grad_cosine is None and "differ in size" in other.note
 
+
+
+def test_a_backend_traced_before_its_reference_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAXSIM_PARITY_DIR", str(tmp_path / "store"))
+    traced = trace.TrainingTrace()
+    traced.first_grad = torch.ones(3, dtype=torch.float64)
+    model = torch.nn.Linear(1, 1)
+    parity = traced.finish(TrainSpec(**FIELDS, variant="vanilla", score_mini_batch_size=4), model)
+    assert parity.first_grad_cosine is None and parity.note.startswith("no reference at ")  # said, not guessed
+    assert not (tmp_path / "store").exists()  # only the reference cell writes there
