@@ -99,7 +99,9 @@ def add_spec_flags(parser: argparse.ArgumentParser, kind: str) -> None:
         options: dict[str, Any] = {"help": field.metadata.get("help", ""), "dest": field.name}
         if field.name in SPEC_CHOICES:
             options["choices"] = SPEC_CHOICES[field.name](kind)
-        if "int" in annotation:
+        if annotation == "bool":
+            options["action"] = argparse.BooleanOptionalAction  # --trace / --no-trace
+        elif "int" in annotation:
             options["type"] = positive_int if field.name not in ("seed", "warmup_steps") else int
         elif "None" in annotation:
             options["type"] = optional_text

@@ -53,3 +53,10 @@ def test_a_backend_traced_before_its_reference_says_so(tmp_path, monkeypatch):
     parity = traced.finish(TrainSpec(**FIELDS, variant="vanilla", score_mini_batch_size=4), model)
     assert parity.first_grad_cosine is None and parity.note.startswith("no reference at ")  # said, not guessed
     assert not (tmp_path / "store").exists()  # only the reference cell writes there
+
+
+def test_the_command_line_turns_tracing_on_with_a_flag():
+    from harness import cli
+
+    assert cli.build_parser().parse_args(["cell", "--stack", "pylate", "--trace"]).trace is True
+    assert cli.build_parser().parse_args(["cell", "--stack", "pylate"]).trace is False
