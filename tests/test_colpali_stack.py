@@ -2,7 +2,9 @@
 
 import numpy as np
 import pytest
+import torch
 
+from harness import trace
 from harness.cell import CellError, run_cell
 from harness.memory import MIB
 from harness.spec import SpecError, TrainSpec
@@ -23,8 +25,9 @@ def processor():
     return colqwen2_model.load_processor(colqwen2_model.materialize_processor())
 
 
-def test_a_tiny_cell_trains_through_colpali_engines_trainer(tmp_path):
-    result = cell(tmp_path)
+def test_a_tiny_cell_trains_through_colpali_engines_trainer(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAXSIM_PARITY_DIR", str(tmp_path / "store"))
+    result = cell(tmp_path, trace=True)  # traced as a parity cell is (harness.trace): the same cell, more recorded
     assert result.outcome == "ok" and len(result.step_times_sec) == STEPS
     assert result.cell_id == f"colpali-plain-b{BATCH}-vanilla-native" and result.preset == "tiny" and result.grid is None
     assert len(result.maxsim_calls_in_train) == STEPS  # one loss call per step
@@ -49,6 +52,12 @@ def test_a_tiny_cell_trains_through_colpali_engines_trainer(tmp_path):
     assert result.env.packages["colpali-engine"] and result.env.packages["peft"]
     assert result.env.model_source == "offline:colqwen2-base-tiny-random-seed42"
     assert result.env.data_source == f"synthetic:colpali_train_set:seed=42:stream={colpali_data.STREAM_ROWS}"
+    # the trace: a loss and a gradient norm per step, and vanilla's reference for the other backends
+    assert len(result.loss_per_step) == len(result.grad_norm_per_step) == STEPS
+    saved = torch.load(tmp_path / "store" / f"{trace.reference_key(result.spec)}.pt", weights_only=True)
+    # only the LoRA adapters train: the kept vectors are theirs, and the first is the unclipped gradient
+    assert float(saved["first_grad"].norm()) == pytest.approx(result.grad_norm_per_step[0], rel=1e-4)
+    assert 0 < saved["final"].numel() < 10_000_000
 
 
 def test_the_fused_variant_is_refused_on_cpu_and_flash_is_not_a_colpali_variant(tmp_path):
