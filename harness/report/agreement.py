@@ -123,6 +123,11 @@ def traced_cells(source: Results | None = None) -> list[Any]:
     return [result for _, result in results_of(source).of(PARITY_GRID) if getattr(result.spec, "trace", False)]
 
 
+def loss_gaps(result: Any, vanilla: Any) -> list[float]:
+    """|loss − vanilla's loss| at every step both cells trained."""
+    return [abs(a - b) for a, b in zip(result.loss_per_step, vanilla.loss_per_step, strict=False)]
+
+
 def training_table(traced: list[Any]) -> pd.DataFrame:
     """Per stack, regime, batch and backend: steps trained, the first and last loss, the largest and
     mean |Δloss| against vanilla over the steps both trained, the first gradients' cosine and the
@@ -137,8 +142,7 @@ def training_table(traced: list[Any]) -> pd.DataFrame:
         for backend in style.in_order(set(backends)):
             result = backends[backend]
             losses = result.loss_per_step
-            gaps = ([abs(a - b) for a, b in zip(losses, vanilla.loss_per_step, strict=False)]
-                    if vanilla is not None and backend != "vanilla" else [])  # fmt: skip
+            gaps = loss_gaps(result, vanilla) if vanilla is not None and backend != "vanilla" else []
             parity = result.parity
             rows.append({
                 "stack · regime": f"{stack} · {regime}", "batch": batch, "backend": nowrap(backend),
@@ -178,7 +182,7 @@ def training_verdicts(traced: list[Any], published_max_gap: float | None) -> lis
                       else parity.note if parity is not None else "no comparison recorded")  # fmt: skip
             lines.append(f"{where}: not compared ({reason}).")
             continue
-        gaps = [abs(a - b) for a, b in zip(result.loss_per_step, base.loss_per_step, strict=False)]
+        gaps = loss_gaps(result, base)
         gap = max(gaps)
         within = "within" if published_max_gap is not None and gap <= published_max_gap else "above"
         against = "" if published_max_gap is None else f", {within} the published run's {published_max_gap:.4f}"

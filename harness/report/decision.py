@@ -29,11 +29,13 @@ REGIME_NAMES = {
 
 def regimes(searches: Sequence[SearchRow]) -> list[tuple[str, str]]:
     """The (stack, regime) pairs the ceilings grid searches, in its order."""
-    seen: list[tuple[str, str]] = []
-    for row in searches:
-        if (row.stack, row.regime) not in seen:
-            seen.append((row.stack, row.regime))
-    return seen
+    return list(dict.fromkeys((row.stack, row.regime) for row in searches))
+
+
+def panels(searches: Sequence[SearchRow]) -> list[tuple[str, list[SearchRow]]]:
+    """Per regime, its name and its searches: the front page figure's panels."""
+    return [(regime_name(stack, regime), [row for row in searches if (row.stack, row.regime) == (stack, regime)])
+            for stack, regime in regimes(searches)]  # fmt: skip
 
 
 def regime_name(stack: str, regime: str) -> str:

@@ -101,11 +101,7 @@ def summary_words(document: dict[str, Any]) -> str:
 
 def recipes(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """The (stack, regime) pairs of the predicted table, in its order."""
-    seen: list[tuple[str, str]] = []
-    for row in rows:
-        if (row["stack"], row["regime"]) not in seen:
-            seen.append((row["stack"], row["regime"]))
-    return seen
+    return list(dict.fromkeys((row["stack"], row["regime"]) for row in rows))
 
 
 def cards_table(rows: list[dict[str, Any]], stack: str, regime: str) -> pd.DataFrame:
