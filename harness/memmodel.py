@@ -51,6 +51,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from harness import op_bytes
 from harness.report import data
 from harness.results import CellResult, OpCall, write_text_atomic
 from harness.spec import CARDS, CONTEXT_GIB, SpecError, choose
@@ -58,7 +59,6 @@ from harness.spec import CARDS, CONTEXT_GIB, SpecError, choose
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = ROOT / "results" / "predictions" / "validation.json"
 MIB = 1 << 20
-ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 GOAL_FRACTION = 0.05  # a prediction within one search resolution or 5% of the ceiling, whichever is larger
 LEAVE_OUT_GRIDS = (data.REPEAT, data.SHARED_CHECK)  # re-runs of cells already in the data
 RECIPES = (("colpali", "plain"), ("pylate", "grad-checkpoint"), ("pylate", "plain"))
@@ -81,25 +81,10 @@ class CallBytes:
 
 
 def vanilla_call_bytes(stack: str, query_shape: Sequence[int], doc_shape: Sequence[int], dtype: str = "float32") -> CallBytes:
-    """The analytic vanilla bytes of one call (the formulas of ``harness.ops``' ``predict``).
-
-    ColQwen2 (``[Bq, Lq, d]`` × ``[Bd, Ld, d]``): the whole ``[Bq, Bd, Lq, Ld]`` grid, amax's result
-    and the scores stay alive for backward, so forward transient and held are the same bytes.
-    PyLate (docs ``[Bd, N, Ld, d]``): per slot the einsum grid and the masked grid at once, on top of
-    what earlier slots keep (a contiguous copy of the slot's documents, max's int64 indices, scores).
-    """
-    size = ITEMSIZE[dtype]
-    if stack == "colpali":
-        (bq, lq, _), (bd, ld, _) = query_shape, doc_shape
-        held = bq * bd * lq * ld * size + bq * bd * lq * size + bq * bd * size
-        return CallBytes(held, held)
-    (bq, lq, _), (bd, slots, ld, dim) = query_shape, doc_shape
-    slot_grid = bq * bd * lq * ld * size
-    doc_copy = bd * ld * dim * size if slots > 1 else 0
-    kept_per_slot = doc_copy + bq * bd * lq * 8 + bq * bd * size
-    transient = 2 * slot_grid + doc_copy + (slots - 1) * kept_per_slot
-    held = slots * (doc_copy + bq * bd * lq * 8) + bq * bd * slots * size
-    return CallBytes(transient, held)
+    """The analytic vanilla bytes of one call (:mod:`harness.op_bytes`, as the replays are predicted)."""
+    formula = op_bytes.colpali_inbatch if stack == "colpali" else op_bytes.pylate_scores
+    bytes_ = formula(query_shape, doc_shape, op_bytes.ITEMSIZE[dtype])
+    return CallBytes(bytes_.forward_transient, bytes_.held)
 
 
 def step_maxsim_mib(calls: Sequence[CallBytes]) -> dict[str, float]:

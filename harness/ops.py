@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from harness import backends
+from harness import backends, op_bytes
 
 DTYPES: Mapping[str, torch.dtype] = {
     "float32": torch.float32,
@@ -145,11 +145,9 @@ class ColpaliInBatchMaxSim(MaxSimOp):
         return lik_autograd.maxsim(query, doc)
 
     def predict(self, shape: OpShape) -> VanillaPrediction:
-        (bq, lq, _), (bd, ld, _) = shape.query_shape, shape.doc_shape
-        size = shape.itemsize
-        grid = bq * bd * lq * ld * size
-        held = grid + bq * bd * lq * size + bq * bd * size  # grid + amax result + scores
-        return VanillaPrediction(grid_bytes=grid, forward_transient_bytes=held, saved_for_backward_bytes=held)
+        bytes_ = op_bytes.colpali_inbatch(shape.query_shape, shape.doc_shape, shape.itemsize)
+        return VanillaPrediction(grid_bytes=bytes_.grid, forward_transient_bytes=bytes_.forward_transient,
+                                 saved_for_backward_bytes=bytes_.held)  # fmt: skip
 
 
 class PylateColbertScores(MaxSimOp):
@@ -209,21 +207,9 @@ class PylateColbertScores(MaxSimOp):
         return torch.stack(per_slot, dim=2).reshape(-1, n_docs * n_slots)
 
     def predict(self, shape: OpShape) -> VanillaPrediction:
-        (bq, lq, _), (bd, n_slots, ld, dim) = shape.query_shape, shape.doc_shape
-        size = shape.itemsize
-        slot_grid = bq * bd * lq * ld * size
-        # A slot ``docs[:, j]`` of the stacked [Bd, N, Ld, d] tensor is not contiguous when N > 1,
-        # so einsum copies it to a [Bd*Ld, d] matrix for its matmul and keeps that copy for backward.
-        doc_copy = bd * ld * dim * size if n_slots > 1 else 0
-        # Kept per slot: the doc copy, max's int64 indices [Bq, Bd, Lq] (its backward needs them)
-        # and, until the stack, the slot's scores [Bq, Bd]. The peak is the last slot's mask
-        # multiply: its einsum grid and the masked grid live at once on top of earlier slots.
-        kept_per_slot = doc_copy + bq * bd * lq * 8 + bq * bd * size
-        transient = 2 * slot_grid + doc_copy + (n_slots - 1) * kept_per_slot
-        held = n_slots * (doc_copy + bq * bd * lq * 8) + bq * bd * n_slots * size  # + stacked scores
-        return VanillaPrediction(
-            grid_bytes=n_slots * slot_grid, forward_transient_bytes=transient, saved_for_backward_bytes=held
-        )
+        bytes_ = op_bytes.pylate_scores(shape.query_shape, shape.doc_shape, shape.itemsize)
+        return VanillaPrediction(grid_bytes=bytes_.grid, forward_transient_bytes=bytes_.forward_transient,
+                                 saved_for_backward_bytes=bytes_.held)  # fmt: skip
 
 
 def _pylate_slot_vanilla(query, doc, q_mask, d_mask) -> torch.Tensor:  # type: ignore[no-untyped-def]
