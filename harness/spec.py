@@ -416,6 +416,19 @@ CellSpec = TrainSpec | OpSpec
 SPEC_TYPES: dict[str, type[TrainSpec] | type[OpSpec]] = {"train": TrainSpec, "op": OpSpec}
 
 
+def trace_reference_key(spec: TrainSpec) -> str:
+    """What a traced cell (``trace: true``, :mod:`harness.trace`) is compared by: everything but the
+    backend (and PyLate's score chunk)."""
+    mini = f"-mb{spec.mini_batch_size}" if spec.mini_batch_size else ""
+    return (f"{spec.stack}-{spec.regime}-b{spec.batch_size}{mini}-{spec.card}-{spec.allocator}-s{spec.seed}"
+            f"-{spec.preset}-{spec.device}-steps{spec.max_steps}")  # fmt: skip
+
+
+def is_trace_reference(spec: TrainSpec) -> bool:
+    """The vanilla cell without chunking is every traced cell's reference."""
+    return spec.variant == "vanilla" and spec.score_mini_batch_size is None
+
+
 def spec_fields(kind: str) -> list[dataclasses.Field[Any]]:
     """The settable fields of a spec kind (``kind`` itself excluded), in declaration order."""
     return [field for field in dataclasses.fields(SPEC_TYPES[kind]) if field.name != "kind"]

@@ -29,7 +29,7 @@ import torch
 from transformers import TrainerCallback
 
 from harness.results import Parity
-from harness.spec import TrainSpec
+from harness.spec import TrainSpec, is_trace_reference as is_reference, trace_reference_key as reference_key
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STORE = ROOT / "runs" / "parity-reference"
@@ -37,18 +37,6 @@ DEFAULT_STORE = ROOT / "runs" / "parity-reference"
 
 def store() -> Path:
     return Path(os.environ.get("MAXSIM_PARITY_DIR") or DEFAULT_STORE)
-
-
-def reference_key(spec: TrainSpec) -> str:
-    """What a traced cell is compared by: everything but the backend (and PyLate's score chunk)."""
-    mini = f"-mb{spec.mini_batch_size}" if spec.mini_batch_size else ""
-    return (f"{spec.stack}-{spec.regime}-b{spec.batch_size}{mini}-{spec.card}-{spec.allocator}-s{spec.seed}"
-            f"-{spec.preset}-{spec.device}-steps{spec.max_steps}")  # fmt: skip
-
-
-def is_reference(spec: TrainSpec) -> bool:
-    """The vanilla cell without chunking is every traced cell's reference."""
-    return spec.variant == "vanilla" and spec.score_mini_batch_size is None
 
 
 def _host_vector(tensors: list[torch.Tensor]) -> torch.Tensor:

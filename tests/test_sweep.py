@@ -429,3 +429,29 @@ def test_grid_entries_carry_their_launcher_settings(tmp_path):
     (cell,) = load_grid(write_grid(tmp_path / "g.yaml", pylate_cells([2]), notebook="elsewhere.ipynb"))
     assert cell == GridCell("tiny", TrainSpec(stack="pylate", regime="plain", batch_size=2, steps=2, preset="tiny", device="cpu"),
                             kernel="python3", notebook="elsewhere.ipynb")  # fmt: skip
+
+
+def test_traced_cells_wait_for_their_vanilla_reference_however_many_start_together(tmp_path, monkeypatch):
+    """A lik cell listed before its vanilla reference, two workers: vanilla still runs first, and the
+    lik cell starts only once vanilla's run has ended (the reference exists then)."""
+    from harness.orchestrate import sweep
+
+    base = TrainSpec(stack="pylate", regime="plain", batch_size=2, steps=2, preset="tiny", device="cpu", trace=True)
+    specs = [with_fields(base, variant="lik"), with_fields(base, batch_size=4), with_fields(base)]
+    cells = [GridCell("parity", spec, "pylate", "notebooks/pylate.ipynb") for spec in specs]
+    events: list[tuple[str, str]] = []
+
+    def fake_launch(cell, layout, slot, gate):
+        events.append(("start", cell.cell_id))
+        time.sleep(0.3)
+        events.append(("end", cell.cell_id))
+        return SimpleNamespace(cell=cell, outcome="ok", seconds=0.3, phases="", detail="")
+
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+    monkeypatch.setattr(sweep, "state", lambda cell, layout: "missing")
+    sweep.run_sweep(cells, Layout(tmp_path / "r", tmp_path / "c"), cells_per_gpu=2, echo=lambda line: None)
+    lik, vanilla = specs[0].cell_id, specs[2].cell_id
+    assert events.index(("end", vanilla)) < events.index(("start", lik))
+    ordered, waits = sweep.reference_first(cells)
+    assert [c.spec.cell_id for c in ordered] == [specs[1].cell_id, vanilla, lik]
+    assert len(waits) == 2

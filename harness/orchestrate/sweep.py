@@ -4,6 +4,11 @@ A sweep resumes: cells with a valid ``ok``/``oom`` result of their own spec are 
 ones run again on request (``--rerun-crashed``); a file at a cell's path that is not a valid result
 of that cell (truncated, foreign, another spec) is set aside as ``*.broken`` — and said — before
 the cell runs again. Cells run one after another on one GPU, or one per GPU with ``--gpus``.
+
+Traced cells (``trace: true``, :mod:`harness.trace`) compare with the vanilla cell of their batch
+and seed, which must have finished first: the sweep runs such reference cells before the others
+and holds a traced cell back until its reference, if it runs in this sweep, has ended — however
+many workers start cells side by side.
 """
 
 from __future__ import annotations
@@ -18,7 +23,20 @@ from harness.grid import GridCell
 from harness.orchestrate.launcher import ROOT, CellRun, Gate, Layout, finish_orphan, launch, set_aside, state
 from harness.orchestrate.pool import run_on_gpus
 from harness.results import load_result
-from harness.spec import STACKS
+from harness.spec import STACKS, TrainSpec, is_trace_reference, trace_reference_key
+
+
+def _traced(cell: GridCell) -> TrainSpec | None:
+    return cell.spec if isinstance(cell.spec, TrainSpec) and cell.spec.trace else None
+
+
+def reference_first(todo: Sequence[GridCell]) -> tuple[list[GridCell], dict[str, threading.Event]]:
+    """``todo`` with the traced reference cells first (otherwise in order), and an event per
+    reference key that its cell sets when it ends; a traced cell whose key has one waits for it."""
+    references = [cell for cell in todo if (spec := _traced(cell)) is not None and is_trace_reference(spec)]
+    ordered = references + [cell for cell in todo if cell not in references]
+    events = {trace_reference_key(cell.spec): threading.Event() for cell in references}  # type: ignore[arg-type]
+    return ordered, events
 
 
 def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | None = None, rerun_crashed: bool = False,
@@ -37,15 +55,25 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
             todo.append(cell)
     echo(f"{len(cells)} cells in the grid: {len(cells) - len(todo)} already have a result, {len(todo)} to run"
          + (f" on GPUs {', '.join(gpus)}" if gpus else " one after another"))  # fmt: skip
+    todo, references = reference_first(todo)
     runs: list[CellRun] = []
     lock = threading.Lock()
     started = time.perf_counter()
 
     def run(index: int, slot: str | None, gate: Gate) -> None:
         cell = todo[index]
+        traced = _traced(cell)
+        key = trace_reference_key(traced) if traced is not None else None
+        reference = references.get(key) if key is not None else None
+        if reference is not None and traced is not None and not is_trace_reference(traced):
+            reference.wait()  # its vanilla cell leaves the reference it compares with
         with lock:
             echo(f"  start {cell.cell_id}" + (f" on GPU {slot}" if slot is not None else ""))
-        done = launch(cell, layout, slot, gate)
+        try:
+            done = launch(cell, layout, slot, gate)
+        finally:
+            if reference is not None and traced is not None and is_trace_reference(traced):
+                reference.set()
         with lock:
             runs.append(done)
             phases = f"; {done.phases}" if done.phases else ""

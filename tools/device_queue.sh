@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Work a queue of GPU jobs on a leased, offline GPU host in the background, across several device
+# calls, and pack what finished after each call.
+#
+#   tools/device_queue.sh start QUEUE     # environments, then each job of QUEUE, detached (setsid)
+#   OUT=/tmp/x tools/device_queue.sh pack [SECONDS]
+#                                         # wait up to SECONDS for the queue, then pack into $OUT
+#
+# A device call lasts at most 10 minutes, while a sweep may need more; and a machine stays warm
+# only briefly between calls. So the first call starts the queue detached and waits; each later
+# call (made at once) waits again; every call packs what has finished so far into
+# $OUT/results.tar.gz (device-results/ and device-cells/: copy them over results/ and book/cells/).
+# Nothing is lost at a call's end: the queue runs on, and every job resumes from the results it
+# already wrote (the sweep and the ceiling search skip cells that have one).
+#
+# QUEUE holds one job per line (# starts a comment):
+#   sweep GRID [harness sweep options]      e.g. sweep grids/parity.yaml --stack pylate
+#   ceiling GRID [harness ceiling options]
+#   op-parity LIBRARY                       tools/op_parity.py LIBRARY --device cuda
+# Environments are made from ./wheelhouse (tools/device_check.sh says how to build it).
+set -uo pipefail
+HOST=${HOST_IMAGE:-h200-cuda-image}
+LOG=device-log
+mkdir -p "$LOG" device-results device-cells
+stage() { echo "== $(date +%T) $*"; }
+
+run_queue() {
+  export PYTHONUNBUFFERED=1
+  stage "environments (offline, from ./wheelhouse)"
+  for env in pylate colpali; do
+    [ -f ".venvs/$env/.device-ready" ] && continue
+    python3 tools/envs.py create "$env" --torch system --host "$HOST" --wheelhouse wheelhouse > "$LOG/envs-$env.log" 2>&1 \
+      || { tail -20 "$LOG/envs-$env.log"; return 1; }
+    touch ".venvs/$env/.device-ready"
+  done
+  nvidia-smi --query-gpu=index,name,memory.used,clocks.sm,temperature.gpu --format=csv,noheader
+  while read -r kind target rest; do
+    case "$kind" in
+      ""|\#*) continue ;;
+      sweep|ceiling)
+        stage "harness $kind $target $rest"
+        # shellcheck disable=SC2086
+        .venvs/pylate/bin/harness "$kind" "$target" --results-dir device-results --notebooks-dir device-cells $rest \
+          2>&1 | grep -v '^  start' ;;
+      op-parity)
+        stage "op parity $target (cuda)"
+        mkdir -p device-results/op-parity
+        ".venvs/$target/bin/python" tools/op_parity.py "$target" --device cuda \
+          --output "device-results/op-parity/$target-op-parity-cuda.json" 2>&1 | tail -60 ;;
+      *) echo "unknown job: $kind" ;;
+    esac
+  done < "$1"
+  stage "queue done"
+  touch "$LOG/queue.done"
+}
+
+case "${1:-}" in
+  start)
+    [ -f "${2:-}" ] || { echo "usage: $0 start QUEUE"; exit 2; }
+    rm -f "$LOG/queue.done"
+    setsid nohup bash "$0" _run "$2" > "$LOG/queue.log" 2>&1 < /dev/null &
+    echo "queue started (pid $!)" ;;
+  _run) run_queue "$2" ;;
+  pack)
+    OUT=${OUT:?set OUT}
+    WAIT=${2:-0}
+    while [ "$SECONDS" -lt "$WAIT" ] && [ ! -f "$LOG/queue.done" ]; do sleep 5; done
+    find device-results -name '*.json' | wc -l
+    tar czf "$OUT/results.tar.gz" device-results device-cells 2>/dev/null
+    cp "$LOG"/*.log "$OUT/" 2>/dev/null
+    tail -40 "$LOG/queue.log"
+    [ -f "$LOG/queue.done" ] && echo "QUEUE DONE" ;;
+  *) echo "usage: $0 start QUEUE | pack [SECONDS]"; exit 2 ;;
+esac
