@@ -689,6 +689,91 @@ def parity_document(records: Sequence[ParityRecord], device: torch.device | str,
     }
 
 
+# --- why a fused backend differs on PyLate's masks: what it reads them as -----------------------------
+
+
+def _inbatch_scores(query: torch.Tensor, doc: torch.Tensor, valid: torch.Tensor, masked_as: str) -> torch.Tensor:
+    """PyLate's in-batch scores ``[B, 2B]`` in fp64 over ``valid`` document tokens: ``masked_as='zero'`` is
+    the vanilla math (masked tokens enter the maximum as zeros), ``'excluded'`` leaves them out of it."""
+    b, slots, ld, dim = doc.shape
+    docs, valid = doc.reshape(b * slots, ld, dim), valid.reshape(b * slots, ld)
+    grid = torch.einsum("qnh,csh->qcns", query, docs)
+    if masked_as == "zero":
+        grid = grid * valid[None, :, None, :].to(grid.dtype)
+    else:
+        grid = grid.masked_fill(~valid[None, :, None, :], float("-inf"))
+    return grid.amax(dim=-1).sum(dim=-1)
+
+
+# What each fused backend is found to read PyLate's bool document masks as (harness.report.agreement
+# sets each reading's differences beside the backend's recorded errors):
+# - "lengths": PyLate's flash path (pylate/scores/_flash_backend.py) hands flash-maxsim each mask as a
+#   length (mask.sum(-1)): the first `length` tokens count, whatever the mask said of them, so a skiplist
+#   hole inside a passage moves the counted tokens; a document of length 0 gets a score that is not
+#   finite, and the backward goes through its token 0.
+# - "excluded": masked tokens are left out of the maximum instead of entering it as zeros, which
+#   differs where every real token of a document scores below 0 for some query token (short documents).
+MASK_READINGS: Mapping[str, str] = {"flash": "lengths", "lik": "excluded"}
+
+
+def masks_read_as(case: Case, reading: str, dtype: str = "float32", seed: int = 0) -> dict[str, float]:
+    """The vanilla math with PyLate's document masks read as ``reading`` (:data:`MASK_READINGS`),
+    against the vanilla math itself, on the scores head's inputs of ``dtype`` (cast exactly to fp64)
+    and upstream gradient: the largest absolute difference of the finite scores, of ``grad:query``
+    and of ``grad:doc`` (the quantities :func:`check_parity` records), how many scores are not
+    finite, and how many document slots are fully masked. If these equal a backend's recorded errors,
+    that reading is the whole difference."""
+    made = make_inputs("pylate", "scores", case, dtype, seed)
+    inputs = {k: v.double() if v.is_floating_point() else v for k, v in made.items()}
+    weights = upstream_weights(case, seed)
+    mask = inputs["doc_mask"]
+    lengths = mask.sum(dim=-1, keepdim=True)
+    if reading == "lengths":
+        valid = torch.arange(mask.shape[-1]) < lengths
+        valid[..., 0] |= lengths[..., 0] == 0  # an empty document: its token 0 carries the backward
+    elif reading == "excluded":
+        valid = mask
+    else:
+        raise ValueError(f"unknown mask reading {reading!r}; choose one of {sorted(set(MASK_READINGS.values()))}")
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for name, chosen, masked_as in (("vanilla", mask, "zero"), ("read", valid, "excluded")):
+        query = inputs["query"].clone().requires_grad_()
+        doc = inputs["doc"].clone().requires_grad_()
+        scores = _inbatch_scores(query, doc, chosen, masked_as)
+        if reading == "excluded":
+            scores = torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores))  # an empty document scores 0
+        scores.backward(weights)
+        assert query.grad is not None and doc.grad is not None
+        out[name] = {"scores": scores.detach(), "grad:query": query.grad, "grad:doc": doc.grad}
+    finite = torch.isfinite(out["read"]["scores"])
+    if reading == "lengths":  # flash scores an empty document with a value that is not finite
+        finite &= (lengths.reshape(1, -1) > 0)
+    result = {quantity: float((out["read"][quantity] - out["vanilla"][quantity]).abs().max())
+              for quantity in ("grad:query", "grad:doc")}  # fmt: skip
+    result["scores"] = float((out["read"]["scores"] - out["vanilla"]["scores"])[finite].abs().max())
+    result["scores_not_finite"] = float((~finite).sum())
+    result["empty_documents"] = float((lengths == 0).sum())
+    return result
+
+
+MASK_READINGS_KIND = "mask-readings"
+
+
+def write_mask_readings(path: str | os.PathLike[str], seed: int = 0) -> Path:
+    """:func:`masks_read_as` for every backend's reading, padded PyLate case and dtype, as one result file."""
+    from harness import provenance
+    from harness.results import write_text_atomic
+
+    cases = [case for case in CPU_CASES + PUBLISHED_CASES["pylate"] if case.padding]
+    rows = [{"variant": variant, "reading": reading, "case": case.name, "dtype": dtype, "seed": seed,
+             **masks_read_as(case, reading, dtype, seed)}
+            for variant, reading in MASK_READINGS.items() for case in cases for dtype in DEFAULT_DTYPES["pylate"]]  # fmt: skip
+    document = {"schema_version": SCHEMA_VERSION, "kind": MASK_READINGS_KIND, "head": "scores",
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "provenance": provenance.collect().model_dump(mode="json"), "rows": rows}  # fmt: skip
+    return write_text_atomic(path, json.dumps(document, indent=2) + "\n")
+
+
 def write_parity(records: Sequence[ParityRecord], path: str | os.PathLike[str], device: torch.device | str,
                  seed: int = 0) -> Path:  # fmt: skip
     """Write one op-parity result file atomically (:func:`harness.results.write_text_atomic`)."""

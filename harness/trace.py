@@ -29,7 +29,9 @@ import torch
 from transformers import TrainerCallback
 
 from harness.results import Parity
-from harness.spec import TrainSpec, is_trace_reference as is_reference, trace_reference_key as reference_key
+from harness.spec import TrainSpec
+from harness.spec import is_trace_reference as is_reference
+from harness.spec import trace_reference_key as reference_key
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STORE = ROOT / "runs" / "parity-reference"

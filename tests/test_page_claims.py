@@ -180,3 +180,13 @@ def test_the_published_op_total_is_its_held_memory_plus_its_backward_spike():
         assert abs(row["op_held_mib"] + row["op_backward_spike_mib"] - row["op_total_mib"]) <= tolerance, row["source"]
     vanilla = split[(split["stack"] == "colpali") & (split["batch_size"] == 128) & (split["variant"] == "vanilla")].iloc[0]
     assert [round(vanilla[c] / 1024, 2) for c in ("op_held_mib", "op_backward_spike_mib", "op_total_mib")] == [2.40, 5.41, 7.81]
+
+
+def test_what_the_ceilings_page_says_of_the_stack_pages_times_is_their_timing_records():
+    from harness.report import data, prose, tables
+
+    cells, _ = data.load()
+    text = prose.stack_page_timing(cells)
+    trained = cells[cells["outcome"] == "ok"]
+    assert f"only for the {len(tables.timed(cells))} of their {len(trained)} trained grid cells" in text
+    assert "parity" not in set(cells["grid"])  # traced cells have their own page

@@ -5,6 +5,12 @@ reference (harness.parity), written to results/op-parity/<library>-op-parity-<de
     .venvs/colpali/bin/python tools/op_parity.py colpali --device cuda --cases published
 
 A fused backend (lik, flash) runs only on CUDA: on the CPU it is refused in one line, never replaced.
+
+    .venvs/pylate/bin/python tools/op_parity.py pylate --mask-readings
+
+writes results/op-parity/pylate-mask-readings-cpu.json instead: for every padded PyLate case, the
+differences each fused backend's reading of the document masks makes against the vanilla math
+(harness.parity.masks_read_as), computed on the CPU, to set beside that backend's errors on the GPU.
 """
 
 from __future__ import annotations
@@ -30,7 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=16, help="PyLate's score_mini_batch_size for the chunked loss")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path)
+    parser.add_argument("--mask-readings", action="store_true",
+                        help="PyLate: the fused backends' readings of the masks, on the CPU (see the module docstring)")
     args = parser.parse_args(argv)
+    if args.mask_readings:
+        if args.library != "pylate":
+            print("refused: --mask-readings is about PyLate's bool masks", file=sys.stderr)
+            return 2
+        output = args.output or ROOT / "results" / "op-parity" / "pylate-mask-readings-cpu.json"
+        parity.write_mask_readings(output, args.seed)
+        print(f"wrote {output}")
+        return 0
 
     variants = args.variants or list(parity.VARIANTS[args.library])
     device = torch.device(args.device)

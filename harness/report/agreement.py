@@ -20,13 +20,15 @@ import pandas as pd
 
 from harness.grid import ROOT
 from harness.report import style
+from harness.report.data import PARITY as PARITY_GRID
 from harness.report.data import Results, backend_label, results_of
 from harness.report.text import nowrap, sig
 from harness.results import OTHER_RECORDS, default_results_dir
 from harness.spec import BACKENDS
 
 OP_PARITY = "op-parity"  # results/op-parity/: one file per library and device
-PARITY_GRID = "parity"  # grids/parity.yaml: traced training cells
+MASK_READINGS = "mask-readings"  # harness.parity.write_mask_readings
+
 PUBLISHED_PARITY = ROOT / "book" / "data" / "published_parity.csv"
 assert OP_PARITY in OTHER_RECORDS
 
@@ -46,6 +48,8 @@ def op_parity(results_dir: Path | None = None) -> pd.DataFrame:
     rows = []
     for path in op_parity_files(results_dir):
         document: dict[str, Any] = json.loads(path.read_text())
+        if document.get("kind") != OP_PARITY:
+            continue  # another record kept beside them (the masks-as-lengths explanation)
         for record in document.get("records", []):
             kinds: dict[str, float] = {}
             for error in record["errors"]:
@@ -70,11 +74,11 @@ def op_parity_table(frame: pd.DataFrame, library: str) -> pd.DataFrame:
     if mine.empty:
         return pd.DataFrame()
     rows = []
-    for (head, backend, dtype), group in mine.groupby(["head", "backend", "dtype"], sort=False):
+    for (head, backend, dtype, device), group in mine.groupby(["head", "backend", "dtype", "device"], sort=False):
         rows.append({
-            "head": head, "backend": nowrap(str(backend)), "dtype": dtype,
-            "scores": _error(group["scores_rel"]), "loss": _error(group["loss_rel"]),
-            "gradients": _error(group["grad_rel"]), "worst / bound": sig(group["of_bound"].max(), 2),
+            "head": nowrap(str(head)), "backend": nowrap(str(backend)), "dtype": dtype, "device": device,
+            "scores": nowrap(_error(group["scores_rel"])), "loss": nowrap(_error(group["loss_rel"])),
+            "gradients": nowrap(_error(group["grad_rel"])), "worst / bound": sig(group["of_bound"].max(), 2),
             "within bound": nowrap(f"{int(group['passed'].sum())} / {len(group)}"),
         })  # fmt: skip
     return pd.DataFrame(rows)
@@ -86,28 +90,134 @@ def _error(values: pd.Series) -> str:
 
 
 def op_verdict(frame: pd.DataFrame, library: str, library_backends: tuple[str, ...]) -> str:
-    """Which backends were checked at the op, whether every check held its bound, and which backends
-    of the library have not been checked yet (the fused kernels need a GPU)."""
+    """How many checks of each backend (per device) held their bound, the ones outside it grouped by
+    backend, dtype and device (heads, cases and how far out), and which backends of the library have
+    not been checked yet (the fused kernels need a GPU)."""
     mine = frame[frame["library"] == library] if not frame.empty else frame
     if mine.empty:
         return f"No op parity check of {library} has been committed yet (`tools/op_parity.py {library}`)."
-    checked = style.in_order(set(mine["backend"]))
+    counts = []
+    for backend in style.in_order(set(mine["backend"])):
+        for device, group in mine[mine["backend"] == backend].groupby("device"):
+            counts.append(f"{backend} on {device} {int(group['passed'].sum())} of {len(group)}")
     failed = mine[~mine["passed"]]
-    text = f"{len(mine)} checks of {', '.join(checked)} ({', '.join(sorted(set(mine['device'])))}): "
+    text = f"Within the bound: {', '.join(counts)}"
     if failed.empty:
-        text += "every one within its bound"
+        text += " — every check"
     else:
-        named = "; ".join(f"{r.backend} {r.head} {r.dtype} on {r.case} ({sig(r.of_bound, 3)}× its bound)"
-                          for r in failed.itertuples())  # fmt: skip
-        text += (f"{len(failed)} outside the bound derived for them — {named}. Where the reference implementation "
-                 "itself exceeds it, the bound, not the backend, is what those cases question")
-        if set(failed["backend"]) - {"vanilla"}:
-            text = text.removesuffix("Where the reference implementation itself exceeds it, the bound, not the "
-                                     "backend, is what those cases question")  # fmt: skip
+        groups = []
+        for keys, group in failed.groupby(["backend", "dtype", "device"], sort=False):
+            backend, dtype, device = (str(key) for key in keys)
+            heads, cases = ", ".join(dict.fromkeys(group["head"])), ", ".join(dict.fromkeys(group["case"]))
+            low, high = group["of_bound"].min(), group["of_bound"].max()
+            far = f"{sig(low, 3)}×" if sig(low, 3) == sig(high, 3) else f"{sig(low, 3)}–{sig(high, 3)}×"
+            groups.append(f"{backend} {dtype} on {device} ({heads}; {cases}: {far} its bound)")
+        text += f". Outside it: {'; '.join(groups)}"
+        if set(failed["backend"]) == {"vanilla"}:
+            text += (". Only the reference implementation itself exceeds it there, so those cases question the bound, "
+                     "not a backend")  # fmt: skip
     missing = [name for name in library_backends if name not in set(mine["backend"])]
     if missing:
         text += f"; not checked yet: {', '.join(missing)} (fused kernels, which run only on a GPU)"
     return text + "."
+
+
+def op_errors(results_dir: Path | None = None) -> pd.DataFrame:
+    """Every compared quantity of every op-parity record: library, head, backend, dtype, case, device,
+    quantity, its max absolute error and whether it held its bound."""
+    rows = []
+    for path in op_parity_files(results_dir):
+        document: dict[str, Any] = json.loads(path.read_text())
+        if document.get("kind") != OP_PARITY:
+            continue
+        for record in document.get("records", []):
+            for error in record["errors"]:
+                rows.append({key: record[key] for key in ("library", "head", "variant", "dtype", "case", "device")}
+                            | {"chunk": record["score_mini_batch_size"], "quantity": error["quantity"],
+                               "max_abs_error": float(error["max_abs_error"]), "passed": bool(error["passed"])})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def mask_readings(results_dir: Path | None = None) -> pd.DataFrame:
+    """Each fused backend's errors on the GPU (PyLate's scores head, padded cases) beside the
+    differences its reading of the masks makes on the CPU (:func:`harness.parity.masks_read_as`):
+    one row per backend, case, dtype and quantity, with their relative difference. Empty until both
+    are committed."""
+    root = Path(results_dir) if results_dir is not None else default_results_dir()
+    read = [row for path in sorted((root / OP_PARITY).glob("*.json"))
+            if (doc := json.loads(path.read_text())).get("kind") == MASK_READINGS for row in doc["rows"]]  # fmt: skip
+    errors = op_errors(results_dir)
+    if not read or errors.empty:
+        return pd.DataFrame()
+    scores_head = errors[(errors["library"] == "pylate") & (errors["head"] == "scores")]
+    failed = {(r.variant, r.case) for r in errors[(errors["library"] == "pylate") & ~errors["passed"]].itertuples()}
+    rows = []
+    for row in read:
+        if (row["variant"], row["case"]) not in failed:
+            continue  # only what a backend got wrong needs explaining
+        for quantity in ("scores", "grad:query", "grad:doc"):
+            recorded = "scores:scores" if quantity == "scores" else quantity
+            match = scores_head[(scores_head["variant"] == row["variant"]) & (scores_head["case"] == row["case"])
+                                & (scores_head["dtype"] == row["dtype"]) & (scores_head["quantity"] == recorded)]  # fmt: skip
+            if match.empty:
+                continue
+            measured = float(match["max_abs_error"].iloc[0])
+            if quantity == "scores" and row["scores_not_finite"]:
+                continue  # a score that is not finite is compared by its count, not its size
+            rows.append({"backend": row["variant"], "reading": row["reading"], "case": row["case"], "dtype": row["dtype"],
+                         "quantity": quantity, "measured": measured, "read": row[quantity],
+                         "relative_difference": (abs(measured - row[quantity]) / row[quantity] if row[quantity]
+                                                 else float("inf")),
+                         "not_finite": int(row["scores_not_finite"]),
+                         "empty_documents": int(row["empty_documents"])})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+READING_WORDS = {
+    "lengths": ("hands flash-maxsim each document's bool mask as a length (`mask.sum(-1)`, in "
+                "`pylate/scores/_flash_backend.py`), so the first *length* tokens count whatever the mask said of "
+                "them: a skiplist hole inside a passage (masked punctuation, as in the recipe's documents) moves the "
+                "counted tokens"),
+    "excluded": ("leaves masked tokens out of each maximum, where PyLate's vanilla math multiplies by the mask so "
+                 "that they enter it as zeros: the two differ only where every real token of a document scores "
+                 "below 0 for some query token, which short documents make likely"),
+}
+
+
+def mask_explanations(read: pd.DataFrame, errors: pd.DataFrame) -> list[str]:
+    """Per fused backend whose PyLate op checks fail: which cases fail, what it reads the masks as, and
+    how closely that reading reproduces its recorded errors, all computed."""
+    if read.empty or errors.empty:
+        return []
+    lines = []
+    for backend, mine in read.groupby("backend", sort=False):
+        checks = errors[(errors["library"] == "pylate") & (errors["variant"] == backend)]
+        failed = sorted(set(checks[~checks["passed"]]["case"]))
+        held = sorted(set(checks["case"]) - set(failed))
+        if not failed:
+            continue
+        reading = str(mine["reading"].iloc[0])
+        worst = float(mine["relative_difference"].max())
+        words = (f"**{backend}** holds its bound on {', '.join(held)} and fails it on {', '.join(failed)}. Through "
+                 f"PyLate it {READING_WORDS.get(reading, reading)}. The vanilla math with the masks read so "
+                 f"(`harness.parity.masks_read_as`, on the CPU) differs from vanilla by what {backend} differs on the "
+                 f"GPU, within {worst:.2%} in every one of {len(mine)} comparisons")  # fmt: skip
+        scores = checks[checks["quantity"].str.startswith("scores") & checks["case"].isin(failed)]
+        if reading == "lengths" and len(scores) and bool((scores["max_abs_error"] == float("inf")).any()):
+            words += "; the fully masked slot, a length of 0, gets a score that is not finite"
+        lines.append(words + ". The difference is not rounding: the masks mean something else to it.")
+    return lines
+
+
+def mask_table(read: pd.DataFrame) -> pd.DataFrame:
+    """The comparison behind :func:`mask_explanations`, for the page."""
+    return pd.DataFrame({
+        "backend": read["backend"], "masks read as": read["reading"], "case": read["case"], "dtype": read["dtype"],
+        "quantity": read["quantity"],
+        "on the GPU, max |error|": [f"{v:.6g}" for v in read["measured"]],
+        "read so on the CPU, max |difference|": [f"{v:.6g}" for v in read["read"]],
+        "relative difference": [f"{v:.1e}" for v in read["relative_difference"]],
+    })  # fmt: skip
 
 
 def library_backends(library: str) -> tuple[str, ...]:
@@ -128,10 +238,11 @@ def loss_gaps(result: Any, vanilla: Any) -> list[float]:
     return [abs(a - b) for a, b in zip(result.loss_per_step, vanilla.loss_per_step, strict=False)]
 
 
-def training_table(traced: list[Any]) -> pd.DataFrame:
-    """Per stack, regime, batch and backend: steps trained, the first and last loss, the largest and
-    mean |Δloss| against vanilla over the steps both trained, the first gradients' cosine and the
-    final weights' relative difference (both against vanilla's cell)."""
+def training_table(traced: list[Any], published_max_gap: float | None = None) -> pd.DataFrame:
+    """Per stack, regime, batch and backend: the first and last loss, the largest and mean |Δloss|
+    against vanilla over the steps both trained, the first gradients' cosine, the final weights'
+    relative difference (both against vanilla's cell) and the verdict of :func:`training_rows`."""
+    judged = {(r["stack"], r["regime"], r["batch"], r["backend"]): r for r in training_rows(traced, published_max_gap)}
     by_key: dict[tuple[str, str, int], dict[str, Any]] = {}
     for result in traced:
         key = (result.stack, result.regime, result.batch_size)
@@ -144,18 +255,31 @@ def training_table(traced: list[Any]) -> pd.DataFrame:
             losses = result.loss_per_step
             gaps = loss_gaps(result, vanilla) if vanilla is not None and backend != "vanilla" else []
             parity = result.parity
+            row = judged.get((stack, regime, batch, backend), {})
+            verdict = ("the reference" if backend == "vanilla" else f"not compared: {row['why']}" if "why" in row
+                       else "noise floor" if row.get("is_floor") else "same model" if row.get("same")
+                       else "not the same" if row.get("floor") is not None else "")  # fmt: skip
             rows.append({
-                "stack · regime": f"{stack} · {regime}", "batch": batch, "backend": nowrap(backend),
-                "outcome": result.outcome, "steps": len(losses),
-                "loss, first → last": "—" if not losses else f"{losses[0]:.4f} → {losses[-1]:.4f}",
+                "cell": nowrap(f"{stack} · {regime} · B={batch}"), "backend": nowrap(backend),
+                "loss, step 1 → last": "—" if not losses else nowrap(f"{losses[0]:.4f} → {losses[-1]:.4f}"),
                 "max |Δloss|": f"{max(gaps):.4f}" if gaps else "", "mean |Δloss|": f"{sum(gaps) / len(gaps):.4f}" if gaps else "",
-                "first-gradient cosine": "" if parity is None or parity.first_grad_cosine is None
+                "step-1 gradient cosine": "" if parity is None or parity.first_grad_cosine is None
                 else f"{parity.first_grad_cosine:.6f}",
-                "final weights ‖Δ‖/‖θ‖": "" if parity is None or parity.final_weight_rel_diff is None
+                "final ‖Δθ‖/‖θ‖": "" if parity is None or parity.final_weight_rel_diff is None
                 else f"{parity.final_weight_rel_diff:.1e}",
-                "note": "" if parity is None or parity.note is None or backend == "vanilla" else parity.note,
+                "verdict": nowrap(verdict) if verdict else "",
             })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def loss_curves(traced: list[Any]) -> list[tuple[str, dict[str, list[float]]]]:
+    """Per stack, regime and batch (a panel title), every backend's loss at each step."""
+    panels: dict[tuple[str, str, int], dict[str, list[float]]] = {}
+    for result in traced:
+        if result.outcome == "ok" and result.loss_per_step:
+            key = (result.stack, result.regime, result.batch_size)
+            panels.setdefault(key, {})[backend_label(result.variant, result.score_mini_batch_size)] = result.loss_per_step
+    return [(f"{stack} · {regime} · B={batch}", curves) for (stack, regime, batch), curves in sorted(panels.items())]
 
 
 def published_gap(published: pd.DataFrame) -> float | None:
@@ -164,31 +288,80 @@ def published_gap(published: pd.DataFrame) -> float | None:
     return None if gap.empty else float(gap.max())
 
 
-def training_verdicts(traced: list[Any], published_max_gap: float | None) -> list[str]:
-    """One line per backend and batch: its largest |Δloss| against vanilla's cell, within the published
-    run's largest gap or not, with the first gradients' cosine and the final weights' difference; or
-    why it cannot be said yet."""
-    vanilla = {(r.stack, r.regime, r.batch_size): r for r in traced
-               if r.variant == "vanilla" and r.score_mini_batch_size is None and r.outcome == "ok"}  # fmt: skip
-    lines = []
+def noise_floors(traced: list[Any], published_max_gap: float | None) -> dict[tuple[str, str, int], tuple[float, str]]:
+    """Per stack, regime and batch: how far two computations of the same math drift apart in 50 steps,
+    and what that is. Where PyLate's chunking ran (the same sums in another order), its largest
+    |Δloss| against vanilla; otherwise the published run's largest gap between its two backends."""
+    floors: dict[tuple[str, str, int], tuple[float, str]] = {}
+    vanilla = _vanilla_cells(traced)
+    for result in traced:
+        key = (result.stack, result.regime, result.batch_size)
+        base = vanilla.get(key)
+        if result.score_mini_batch_size and result.variant == "vanilla" and base is not None and result.outcome == "ok":
+            gap = max(loss_gaps(result, base))
+            floors[key] = (max(gap, floors.get(key, (0.0, ""))[0]), f"vanilla chunked by {result.score_mini_batch_size}")
+    for result in traced:
+        key = (result.stack, result.regime, result.batch_size)
+        if key not in floors and published_max_gap is not None:
+            floors[key] = (published_max_gap, "the published run's lik against torch")
+    return floors
+
+
+def _vanilla_cells(traced: list[Any]) -> dict[tuple[str, str, int], Any]:
+    return {(r.stack, r.regime, r.batch_size): r for r in traced
+            if r.variant == "vanilla" and r.score_mini_batch_size is None and r.outcome == "ok"}  # fmt: skip
+
+
+def training_rows(traced: list[Any], published_max_gap: float | None) -> list[dict[str, Any]]:
+    """One row per backend and batch compared with vanilla's cell: its largest |Δloss| over the steps
+    both trained, the noise floor of that batch (:func:`noise_floors`), the first-gradient cosine and
+    ``same``: whether the largest gap is within the floor. Cells that cannot be compared carry ``why``."""
+    vanilla, floors = _vanilla_cells(traced), noise_floors(traced, published_max_gap)
+    rows = []
     for result in traced:
         backend = backend_label(result.variant, result.score_mini_batch_size)
         if backend == "vanilla":
             continue
-        where = f"{result.stack} · {result.regime} · B={result.batch_size} · {backend}"
-        base, parity = vanilla.get((result.stack, result.regime, result.batch_size)), result.parity
+        key = (result.stack, result.regime, result.batch_size)
+        row: dict[str, Any] = {"stack": result.stack, "regime": result.regime, "batch": result.batch_size, "backend": backend}
+        base, parity = vanilla.get(key), result.parity
         if result.outcome != "ok" or base is None or parity is None or parity.first_grad_cosine is None:
-            reason = (result.outcome if result.outcome != "ok" else "vanilla's cell is missing" if base is None
-                      else parity.note if parity is not None else "no comparison recorded")  # fmt: skip
-            lines.append(f"{where}: not compared ({reason}).")
+            row["why"] = (result.outcome if result.outcome != "ok" else "vanilla's cell is missing" if base is None
+                          else parity.note if parity is not None else "no comparison recorded")  # fmt: skip
+            rows.append(row)
             continue
         gaps = loss_gaps(result, base)
-        gap = max(gaps)
-        within = "within" if published_max_gap is not None and gap <= published_max_gap else "above"
-        against = "" if published_max_gap is None else f", {within} the published run's {published_max_gap:.4f}"
-        lines.append(f"{where}: largest |Δloss| against vanilla over {len(gaps)} steps {gap:.4f}{against}; first-step "
-                     f"gradient cosine {parity.first_grad_cosine:.6f}; final weights {parity.final_weight_rel_diff:.1e} "
-                     "of their norm apart.")  # fmt: skip
+        floor, floor_is = floors.get(key, (None, ""))
+        row |= {"steps": len(gaps), "max_gap": max(gaps), "mean_gap": sum(gaps) / len(gaps), "floor": floor,
+                "floor_is": floor_is, "cosine": parity.first_grad_cosine, "weights": parity.final_weight_rel_diff,
+                "is_floor": result.variant == "vanilla" and bool(result.score_mini_batch_size),
+                "same": floor is not None and max(gaps) <= floor}  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def training_verdicts(traced: list[Any], published_max_gap: float | None) -> list[str]:
+    """One line per backend and batch: the same model as vanilla (its loss stays within the noise floor
+    of that batch) or not, with the numbers; or why it cannot be said yet."""
+    lines = []
+    for row in training_rows(traced, published_max_gap):
+        where = f"{row['stack']} · {row['regime']} · B={row['batch']} · **{row['backend']}**"
+        if "why" in row:
+            lines.append(f"{where}: not compared ({row['why']}).")
+            continue
+        numbers = (f"largest |Δloss| against vanilla over {row['steps']} steps {row['max_gap']:.4f} (mean "
+                   f"{row['mean_gap']:.4f}); first-step gradient cosine {row['cosine']:.6f}; final weights "
+                   f"{row['weights']:.1e} of their norm apart")  # fmt: skip
+        if row["is_floor"]:
+            lines.append(f"{where}: the same sums in another order — this batch's noise floor: {numbers}.")
+        elif row["floor"] is None:
+            lines.append(f"{where}: {numbers}; no noise floor to judge it by.")
+        elif row["same"]:
+            lines.append(f"{where}: **the same model** — {numbers}, within the noise floor {row['floor']:.4f} "
+                         f"({row['floor_is']}).")
+        else:
+            lines.append(f"{where}: **not the same model** — {numbers}: {row['max_gap'] / row['floor']:.0f}× the noise "
+                         f"floor {row['floor']:.4f} ({row['floor_is']}).")
     return lines
 
 

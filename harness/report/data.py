@@ -34,6 +34,7 @@ PUBLISHED_GRID = "published"  # grids/published.yaml
 REPEAT = "repeat"  # grids/repeat.yaml: published-grid cells run again, for the repeatability of step times
 SHARED_CHECK = "shared-gpu-check"  # grids/shared-gpu-check.yaml: a ceiling search run again on a shared GPU
 CEILINGS = "ceilings"  # the grid of the ceiling searches' probes
+PARITY = "parity"  # grids/parity.yaml: traced 50-step cells, read by the parity page (harness.report.agreement)
 CEILINGS_GRID = ROOT / "grids" / "ceilings.yaml"
 PUBLISHED = ROOT / "book" / "data" / "published.csv"
 # tools/investigate_lik_spike.py's record of its run on an H200: why an op cell's first lik backward
@@ -104,10 +105,10 @@ def with_backend(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def load(source: Source = None,
-         leave_out: tuple[str, ...] = (CEILINGS, SHARED_CHECK, REPEAT)) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+         leave_out: tuple[str, ...] = (CEILINGS, SHARED_CHECK, REPEAT, PARITY)) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
     """(cells, isolated calls) with a ``backend`` column, of every report grid but ``leave_out``:
-    ceiling probes have their own page, the shared-GPU check its own table, and the repeated cells
-    their twins in the published grid (:func:`repeats`)."""
+    ceiling probes have their own page, the shared-GPU check its own table, the repeated cells
+    their twins in the published grid (:func:`repeats`), and the traced cells the parity page."""
     chosen = results_of(source).excluding(*leave_out)
     cells = with_backend(frame_of(chosen))
     calls = with_backend(frame_of(chosen, level="calls"))

@@ -286,3 +286,38 @@ def plot_op_speedup(ops: pd.DataFrame, title: str) -> Figure:
     figure.suptitle(title)
     figure.tight_layout()
     return figure
+
+
+def plot_loss_curves(panels: Sequence[tuple[str, dict[str, list[float]]]]) -> Figure:
+    """Training parity: one row per stack, regime and batch; every backend's loss per step (left) and
+    its |Δloss| against vanilla's at the same step (right, log scale; vanilla has none)."""
+    rows = max(len(panels), 1)
+    figure, axes = plt.subplots(rows, 2, figsize=(10, 2.7 * rows + 0.6), squeeze=False)
+    shown: dict[str, Any] = {}
+    for row, (title, curves) in enumerate(panels):
+        left, right = axes[row]
+        base = curves.get("vanilla")
+        for backend in style.in_order(curves):
+            look, losses = style.look(backend), curves[backend]
+            steps = np.arange(1, len(losses) + 1)
+            (line,) = left.plot(steps, losses, color=look.colour, linestyle="-" if backend == "vanilla" else "--",
+                                linewidth=1.6 if backend == "vanilla" else 1.3)  # fmt: skip
+            shown.setdefault(backend, line)
+            if base is not None and backend != "vanilla":
+                n = min(len(base), len(losses))
+                gaps = np.abs(np.asarray(losses[:n]) - np.asarray(base[:n]))
+                right.plot(steps[:n], np.maximum(gaps, 1e-6), color=look.colour, linewidth=1.3)
+        left.set_title(f"{title}: loss", fontsize=10)
+        right.set_title(f"{title}: |loss − vanilla's|", fontsize=10)
+        right.set_yscale("log")
+        left.set_ylabel("training loss")
+        for axis in (left, right):
+            style.ticks(axis)
+            axis.grid(alpha=0.3)
+    for axis in axes[-1]:
+        axis.set_xlabel("optimizer step")
+    if shown:
+        figure.legend(list(shown.values()), list(shown), loc="lower center", ncol=len(shown), fontsize=style.LEGEND_PT + 1,
+                      frameon=False)  # fmt: skip
+    figure.tight_layout(rect=(0, 0.05 if rows > 1 else 0.1, 1, 1))
+    return figure

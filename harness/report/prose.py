@@ -876,3 +876,22 @@ def lik_spike_reading(experiments: Sequence[dict[str, object]], ops: pd.DataFram
     return (lead + check + ". Once tuned, the same call takes what a training cell's replay reads (" + "; ".join(parts)
             + "). The harness now measures a call again when an autotuner ran during it; the committed op cells "
             "predate that, so their lik backward spikes at B ≥ 256 include the tuner.")  # fmt: skip
+
+
+def stack_page_timing(cells: pd.DataFrame) -> str:
+    """What the stack pages' step times were taken beside, from the cells' timing records (the timing
+    rule, :mod:`harness.host`): how many trained cells may show times, and why the others may not."""
+    trained = cells[cells["outcome"] == "ok"] if not cells.empty else cells
+    if trained.empty:
+        return "No grid cell has trained yet, so the stack pages show no step time."
+    comparable = trained["times_comparable"].astype(bool)
+    shown = int(comparable.sum())
+    text = (f"The stack pages show step times only for the {shown} of their {len(trained)} trained grid cells "
+            "whose timing record says they had their GPU to themselves and no other cell on their CPU cores while "
+            "they trained")
+    others = trained[~comparable]
+    if not others.empty:
+        reasons = others["timing_reason"].fillna("no reason recorded").value_counts()
+        named = "; ".join(f"{count}: {reason}" for reason, count in reasons.items())
+        text += f"; the other {len(others)} show memory only ({named})"
+    return text + "."
