@@ -19,7 +19,7 @@ envs: .venvs/pylate/.ready .venvs/colpali/.ready .venvs/pylate-1.5/.ready .venvs
 # ones in pylate, the `colpali` ones in colpali; the older releases' environments run only the
 # `release` tests, whose outcome depends on the library release installed (pyproject.toml).
 test: envs
-	$(PYLATE) -m pytest -m "not colpali and not gpu"
+	$(PYLATE) -m pytest -m "not colpali and not gpu" --durations=20
 	$(COLPALI) -m pytest -m "colpali and not gpu"
 	$(PYLATE15) -m pytest -m "pylate and release and not gpu"
 	$(COLPALI316) -m pytest -m "colpali and release and not gpu"

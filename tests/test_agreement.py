@@ -70,6 +70,10 @@ def test_training_verdicts_compare_each_backend_with_vanillas_cell(tmp_path):
     assert "the same sums in another order — this batch's noise floor" in judged[0]
     assert "**not the same model**" in judged[1] and "2× the noise floor 0.0005 (vanilla chunked by 64)" in judged[1]
     assert [len(curves) for _, curves in agreement.loss_curves([vanilla, chunked, close])] == [3]
+    caveat = agreement.training_caveat([vanilla, chunked, close], "pylate", "grad-checkpoint", 0.0039)
+    assert caveat.startswith("**lik does not train the same model as vanilla here**: at B=128 its first step's "
+                             "gradient has cosine 1.000 with vanilla's, and its largest loss gap is 2× the noise floor")
+    assert agreement.training_caveat([vanilla, close], "pylate", "grad-checkpoint", 0.0039) == ""
     table = agreement.training_table([vanilla, close], 0.0039)
     assert list(table["max |Δloss|"]) == ["", "0.0010"] and list(table["step-1 gradient cosine"]) == ["", "0.999876"]
     assert [v.replace("\u00a0", " ") for v in table["verdict"]] == ["the reference", "same model"]

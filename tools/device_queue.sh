@@ -41,7 +41,7 @@ run_queue() {
         stage "harness $kind $target $rest"
         # shellcheck disable=SC2086
         .venvs/pylate/bin/harness "$kind" "$target" --results-dir device-results --notebooks-dir device-cells $rest \
-          2>&1 | grep -v '^  start' ;;
+          2>&1 | grep --line-buffered -v '^  start' ;;
       op-parity)
         stage "op parity $target (cuda)"
         mkdir -p device-results/op-parity

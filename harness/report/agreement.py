@@ -365,6 +365,38 @@ def training_verdicts(traced: list[Any], published_max_gap: float | None) -> lis
     return lines
 
 
+READING_SHORT = {"lengths": "PyLate hands it each document mask as a length, so masked punctuation inside a passage "
+                            "moves the tokens it counts",
+                 "excluded": "it leaves masked tokens out of each maximum where vanilla counts them as zeros"}
+
+
+def training_caveat(traced: list[Any], stack: str, regime: str, published_max_gap: float | None,
+                    read: pd.DataFrame | None = None) -> str:  # fmt: skip
+    """A sentence for a backend that does not train the same model as vanilla in this stack and regime
+    (its loss outside the noise floor of a traced batch), with the numbers and, where the op checks
+    explain it, why; empty when every compared backend trains the same model."""
+    rows = [row for row in training_rows(traced, published_max_gap)
+            if row["stack"] == stack and row["regime"] == regime and "why" not in row and row["floor"] is not None
+            and not row["is_floor"] and not row["same"]]  # fmt: skip
+    sentences = []
+    for backend in style.in_order({row["backend"] for row in rows}):
+        mine = sorted((row for row in rows if row["backend"] == backend), key=lambda row: row["batch"])
+        batches = _and([f"B={row['batch']}" for row in mine])
+        cosines = _and([f"{row['cosine']:.3f}" for row in mine])
+        ratios = _and([f"{row['max_gap'] / row['floor']:.0f}×" for row in mine])
+        text = (f"**{backend} does not train the same model as vanilla here**: at {batches} its first step's gradient "
+                f"has cosine {cosines} with vanilla's, and its largest loss gap is {ratios} the noise floor")  # fmt: skip
+        readings = read[read["backend"] == backend]["reading"] if read is not None and not read.empty else pd.Series()
+        if not readings.empty and str(readings.iloc[0]) in READING_SHORT:
+            text += f", because {READING_SHORT[str(readings.iloc[0])]}"
+        sentences.append(text + " (see *Do the backends train the same model?*).")
+    return " ".join(sentences)
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 def published_run(path: Path = PUBLISHED_PARITY) -> pd.DataFrame:
     return pd.read_csv(path, comment="#")
 
