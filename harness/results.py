@@ -431,6 +431,8 @@ def _cell_summary(result: CellResult) -> dict[str, object]:
     steady = [result.step_times_sec[i] for i in result.steady_steps]
     per_step = result.fragmentation_per_step_mib
     return {
+        # measured before results were schema 2 (and before a replay that autotuned was measured again)
+        "migrated": result.provenance is not None and result.provenance.migrated_from_schema is not None,
         "fragmentation_mib": result.fragmentation_mib,
         "fragmentation_first_step_mib": per_step[0] if per_step else None,
         "fragmentation_last_step_mib": per_step[-1] if per_step else None,

@@ -190,3 +190,17 @@ def test_what_the_ceilings_page_says_of_the_stack_pages_times_is_their_timing_re
     trained = cells[cells["outcome"] == "ok"]
     assert f"only for the {len(tables.timed(cells))} of their {len(trained)} trained grid cells" in text
     assert "parity" not in set(cells["grid"])  # traced cells have their own page
+
+
+def test_lik_op_memory_that_may_hold_the_autotuners_buffers_is_marked():
+    from harness.report import data, tables
+
+    cells, calls = data.load()
+    ops = data.op_level(cells, calls)
+    tuned_from = data.tuner_inside_from(data.lik_spike())
+    assert tuned_from == 256  # the record saw kernels autotune inside the first backward at B=256 and 512
+    marked = {(head, row["batch"], row["backend"]) for head, table in tables.op_speed_tables(ops, tuned_from).items()
+              for _, row in table.iterrows() if str(row["held + bwd spike (MiB)"]).endswith(tables.TUNER_MARK)}
+    expected = {(f"{r.stack.removeprefix('op-')} · {r.regime}", r.batch_size, "lik") for r in ops.itertuples()
+                if r.variant == "lik" and r.batch_size >= 256 and r.migrated and r.outcome == "ok"}
+    assert marked == expected and expected

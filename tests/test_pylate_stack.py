@@ -116,8 +116,12 @@ def test_a_local_dataset_directory_replaces_the_synthetic_set(tmp_path):
     rows = msmarco.synthetic_triplets(20, seed=7)
     datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "data" / "train.parquet"))
     dataset, source = msmarco.load_triplets(str(tmp_path / "data"), n_rows=12, seed=0)
-    assert len(dataset) == 12 and dataset[0]["query"] == rows["query"][0]
-    assert source.startswith("local:")
+    assert len(dataset) == 20 and dataset[0]["query"] == rows["query"][0]  # the whole split: one stream
+    assert source.startswith("local:") and source.endswith(":rows=20")
+    shorter, _ = msmarco.load_triplets(str(tmp_path / "data"), n_rows=4, seed=0)
+    assert shorter["query"] == dataset["query"]
+    with pytest.raises(ValueError, match="fewer than the 21"):
+        msmarco.load_triplets(str(tmp_path / "data"), n_rows=21, seed=0)
 
 
 def test_one_seed_names_one_stream_of_batches():

@@ -396,6 +396,14 @@ def lik_spike(path: Path = LIK_SPIKE) -> list[dict[str, object]]:
     return [row for row in json.loads(path.read_text())["summary"] if row.get("error") is None]
 
 
+def tuner_inside_from(experiments: list[dict[str, object]]) -> int | None:
+    """The smallest batch at which the lik spike record saw kernels autotune inside an op cell's first
+    backward (None: nowhere): committed lik op cells from before replays were measured again after an
+    autotune may hold the tuner's buffers from there up."""
+    tuned = [int(str(row["batch"])) for row in experiments if row.get("swept_in_bwd")]
+    return min(tuned, default=None)
+
+
 # ---- what the pages are computed from -----------------------------------------------------------
 
 # The pages' inputs besides their own sources: a change here re-executes every page; Sphinx itself

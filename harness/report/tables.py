@@ -293,9 +293,14 @@ def _ratio(numerator: object, denominator: object) -> str:
 # ---- the op-level page ---------------------------------------------------------------------------
 
 
-def op_speed_table(ops: pd.DataFrame) -> pd.DataFrame:
+TUNER_MARK = "†"
+
+
+def op_speed_table(ops: pd.DataFrame, tuned_from: int | None = None) -> pd.DataFrame:
     """Median forward + backward time per head, batch and negatives: each backend beside vanilla.
-    Times (and speedups) only from cells timed under the timing rule; the memory always."""
+    Times (and speedups) only from cells timed under the timing rule; the memory always. A lik
+    cell at a batch from ``tuned_from`` up measured before a replay that autotuned was measured
+    again has its memory marked :data:`TUNER_MARK` (it may hold the autotuner's buffers)."""
     if ops.empty:
         return pd.DataFrame()
     rows = []
@@ -307,12 +312,14 @@ def op_speed_table(ops: pd.DataFrame) -> pd.DataFrame:
         for variant in style.in_order(by_variant.index):
             row = cast(pd.Series, by_variant.loc[variant])
             oom = row["outcome"] == "oom"
+            mark = (TUNER_MARK if variant == "lik" and tuned_from is not None and batch >= tuned_from
+                    and bool(row.get("migrated", False)) and not oom else "")  # fmt: skip
             if not oom and not comparable[variant]:
                 rows.append({
                     "head": f"{stack.removeprefix('op-')} · {head}", "batch": batch,
                     "negatives": "" if pd.isna(negatives) else int(negatives), "backend": variant,
                     "median (ms)": "", "p10–p90 (ms)": "", "speedup vs vanilla": "",
-                    "held + bwd spike (MiB)": "" if missing(row.get("total_mib")) else mib(row["total_mib"]),
+                    "held + bwd spike (MiB)": "" if missing(row.get("total_mib")) else mib(row["total_mib"]) + mark,
                 })  # fmt: skip
                 continue
             rows.append({
@@ -322,15 +329,16 @@ def op_speed_table(ops: pd.DataFrame) -> pd.DataFrame:
                 "p10–p90 (ms)": "" if oom else _spread_ms(row),
                 "speedup vs vanilla": "" if oom or missing(base) or variant == "vanilla"
                 else f"{base / row['steady_step_time_sec']:.2f}×",
-                "held + bwd spike (MiB)": ("OOM" if oom else "") if missing(row.get("total_mib")) else mib(row["total_mib"]),
+                "held + bwd spike (MiB)": (("OOM" if oom else "") if missing(row.get("total_mib"))
+                                           else mib(row["total_mib"]) + mark),
             })  # fmt: skip
     return pd.DataFrame(rows)
 
 
-def op_speed_tables(ops: pd.DataFrame) -> dict[str, pd.DataFrame]:
+def op_speed_tables(ops: pd.DataFrame, tuned_from: int | None = None) -> dict[str, pd.DataFrame]:
     """:func:`op_speed_table` split by head (one table each, without the head column; without the
     negatives column for a head that has none)."""
-    table = op_speed_table(ops)
+    table = op_speed_table(ops, tuned_from)
     if table.empty:
         return {}
     split = {}

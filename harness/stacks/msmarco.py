@@ -83,8 +83,10 @@ def load_triplets(source: str | None, n_rows: int, seed: int):  # type: ignore[n
     """A ``datasets.Dataset`` of triplets and a description of where it came from.
 
     ``source`` None: the synthetic stream of ``seed`` (``n_rows`` only checked: the stream's length is
-    fixed). ``"hub"``: the real ``sentence-transformers/msmarco-bm25`` triplet
-    config (first ``n_rows`` rows). Anything else: a local directory or file ``datasets`` can load.
+    fixed). ``"hub"``: the real ``sentence-transformers/msmarco-bm25`` triplet config (its first
+    :data:`STREAM_ROWS` rows). Anything else: a local directory or file ``datasets`` can load (its
+    whole train split). Real rows are a fixed set whatever the cell (``n_rows`` only checked against
+    it), so one seed names one stream of batches on real data too.
     """
     import datasets
 
@@ -94,8 +96,11 @@ def load_triplets(source: str | None, n_rows: int, seed: int):  # type: ignore[n
         return synthetic_stream(seed), f"synthetic:msmarco-triplet:seed={seed}:stream={STREAM_ROWS}"
     if source == "hub":
         name, config = HUB_DATASET
-        dataset = datasets.load_dataset(name, config, split=f"train[:{n_rows}]")
-        return dataset, f"hub:{name}/{config}:rows={n_rows}"
-    dataset = datasets.load_dataset(source, split="train")
-    dataset = dataset.select(range(min(n_rows, len(dataset))))
-    return dataset.select_columns(["query", "positive", "negative"]), f"local:{source}:rows={len(dataset)}"
+        dataset = datasets.load_dataset(name, config, split=f"train[:{STREAM_ROWS}]")
+        where = f"hub:{name}/{config}"
+    else:
+        dataset = datasets.load_dataset(source, split="train")
+        where = f"local:{source}"
+    if len(dataset) < n_rows:
+        raise ValueError(f"{where}: {len(dataset)} train rows, fewer than the {n_rows} this cell needs.")
+    return dataset.select_columns(["query", "positive", "negative"]), f"{where}:rows={len(dataset)}"
