@@ -202,5 +202,5 @@ def test_lik_op_memory_that_may_hold_the_autotuners_buffers_is_marked():
     marked = {(head, row["batch"], row["backend"]) for head, table in tables.op_speed_tables(ops, tuned_from).items()
               for _, row in table.iterrows() if str(row["held + bwd spike (MiB)"]).endswith(tables.TUNER_MARK)}
     expected = {(f"{r.stack.removeprefix('op-')} · {r.regime}", r.batch_size, "lik") for r in ops.itertuples()
-                if r.variant == "lik" and r.batch_size >= 256 and r.migrated and r.outcome == "ok"}
+                if r.variant == "lik" and r.stack == "op-pylate" and r.batch_size >= 256 and r.migrated and r.outcome == "ok"}
     assert marked == expected and expected

@@ -260,7 +260,7 @@ def training_table(traced: list[Any], published_max_gap: float | None = None) ->
                        else "noise floor" if row.get("is_floor") else "same model" if row.get("same")
                        else "not the same" if row.get("floor") is not None else "")  # fmt: skip
             rows.append({
-                "cell": nowrap(f"{stack} · {regime} · B={batch}"), "backend": nowrap(backend),
+                "stack · regime": f"{stack} · {regime}", "batch": batch, "backend": nowrap(backend),
                 "loss, step 1 → last": "—" if not losses else nowrap(f"{losses[0]:.4f} → {losses[-1]:.4f}"),
                 "max |Δloss|": f"{max(gaps):.4f}" if gaps else "", "mean |Δloss|": f"{sum(gaps) / len(gaps):.4f}" if gaps else "",
                 "step-1 gradient cosine": "" if parity is None or parity.first_grad_cosine is None
@@ -270,6 +270,14 @@ def training_table(traced: list[Any], published_max_gap: float | None = None) ->
                 "verdict": nowrap(verdict) if verdict else "",
             })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def training_tables(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """:func:`training_table` split by stack and regime (one table each, without that column)."""
+    if table.empty:
+        return {}
+    return {str(key): group.drop(columns="stack · regime").reset_index(drop=True)
+            for key, group in table.groupby("stack · regime", sort=False)}  # fmt: skip
 
 
 def loss_curves(traced: list[Any]) -> list[tuple[str, dict[str, list[float]]]]:

@@ -36,6 +36,7 @@ SHARED_CHECK = "shared-gpu-check"  # grids/shared-gpu-check.yaml: a ceiling sear
 CEILINGS = "ceilings"  # the grid of the ceiling searches' probes
 PARITY = "parity"  # grids/parity.yaml: traced 50-step cells, read by the parity page (harness.report.agreement)
 LONG_RUN = "long-run"  # grids/long-run.yaml: 100-300 steps at the 80 GB ceilings, read by the ceilings page
+APART = (CEILINGS, SHARED_CHECK, REPEAT, PARITY, LONG_RUN)  # grids with their own pages or tables
 CEILINGS_GRID = ROOT / "grids" / "ceilings.yaml"
 PUBLISHED = ROOT / "book" / "data" / "published.csv"
 # tools/investigate_lik_spike.py's record of its run on an H200: why an op cell's first lik backward
@@ -106,7 +107,7 @@ def with_backend(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def load(source: Source = None,
-         leave_out: tuple[str, ...] = (CEILINGS, SHARED_CHECK, REPEAT, PARITY, LONG_RUN)) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+         leave_out: tuple[str, ...] = APART) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
     """(cells, isolated calls) with a ``backend`` column, of every report grid but ``leave_out``:
     ceiling probes have their own page, the shared-GPU check its own table, the repeated cells
     their twins in the published grid (:func:`repeats`), the traced cells the parity page, and the

@@ -298,9 +298,10 @@ TUNER_MARK = "†"
 
 def op_speed_table(ops: pd.DataFrame, tuned_from: int | None = None) -> pd.DataFrame:
     """Median forward + backward time per head, batch and negatives: each backend beside vanilla.
-    Times (and speedups) only from cells timed under the timing rule; the memory always. A lik
-    cell at a batch from ``tuned_from`` up measured before a replay that autotuned was measured
-    again has its memory marked :data:`TUNER_MARK` (it may hold the autotuner's buffers)."""
+    Times (and speedups) only from cells timed under the timing rule; the memory always. A PyLate
+    lik cell (the shapes the lik-spike record ran) at a batch from ``tuned_from`` up, measured before
+    a replay that autotuned was measured again, has its memory marked :data:`TUNER_MARK` (it may
+    hold the autotuner's buffers)."""
     if ops.empty:
         return pd.DataFrame()
     rows = []
@@ -312,7 +313,7 @@ def op_speed_table(ops: pd.DataFrame, tuned_from: int | None = None) -> pd.DataF
         for variant in style.in_order(by_variant.index):
             row = cast(pd.Series, by_variant.loc[variant])
             oom = row["outcome"] == "oom"
-            mark = (TUNER_MARK if variant == "lik" and tuned_from is not None and batch >= tuned_from
+            mark = (TUNER_MARK if variant == "lik" and stack == "op-pylate" and tuned_from is not None and batch >= tuned_from
                     and bool(row.get("migrated", False)) and not oom else "")  # fmt: skip
             if not oom and not comparable[variant]:
                 rows.append({
