@@ -262,11 +262,11 @@ def training_table(traced: list[Any], published_max_gap: float | None = None) ->
             rows.append({
                 "stack · regime": f"{stack} · {regime}", "batch": batch, "backend": nowrap(backend),
                 "loss, step 1 → last": "—" if not losses else nowrap(f"{losses[0]:.4f} → {losses[-1]:.4f}"),
-                "max |Δloss|": f"{max(gaps):.4f}" if gaps else "", "mean |Δloss|": f"{sum(gaps) / len(gaps):.4f}" if gaps else "",
-                "step-1 gradient cosine": "" if parity is None or parity.first_grad_cosine is None
+                "|Δloss| max / mean": nowrap(f"{max(gaps):.4f} / {sum(gaps) / len(gaps):.4f}") if gaps else "",
+                "step-1 grad. cosine": "" if parity is None or parity.first_grad_cosine is None
                 else f"{parity.first_grad_cosine:.6f}",
                 "final ‖Δθ‖/‖θ‖": "" if parity is None or parity.final_weight_rel_diff is None
-                else f"{parity.final_weight_rel_diff:.1e}",
+                else nowrap(f"{parity.final_weight_rel_diff:.1e}"),
                 "verdict": nowrap(verdict) if verdict else "",
             })  # fmt: skip
     return pd.DataFrame(rows)
