@@ -260,16 +260,22 @@ def training_table(traced: list[Any], published_max_gap: float | None = None) ->
                        else "noise floor" if row.get("is_floor") else "same model" if row.get("same")
                        else "not the same" if row.get("floor") is not None else "")  # fmt: skip
             rows.append({
-                "stack · regime": f"{stack} · {regime}", "batch": batch, "backend": nowrap(backend),
-                "loss, step 1 → last": "—" if not losses else nowrap(f"{losses[0]:.4f} → {losses[-1]:.4f}"),
+                "stack · regime": f"{stack} · {regime}", "batch": batch, "backend": nowrap(style.short(backend)),
+                "loss, first → last": "—" if not losses else nowrap(f"{losses[0]:.4f} → {losses[-1]:.4f}"),
                 "|Δloss| max / mean": nowrap(f"{max(gaps):.4f} / {sum(gaps) / len(gaps):.4f}") if gaps else "",
                 "step-1 grad. cosine": "" if parity is None or parity.first_grad_cosine is None
                 else f"{parity.first_grad_cosine:.6f}",
                 "final ‖Δθ‖/‖θ‖": "" if parity is None or parity.final_weight_rel_diff is None
-                else nowrap(f"{parity.final_weight_rel_diff:.1e}"),
+                else _exponent(parity.final_weight_rel_diff),
                 "verdict": nowrap(verdict) if verdict else "",
             })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def _exponent(value: float) -> str:
+    """1.2e-05 → '1.2e−5' on one line (a minus sign, which a table does not break at)."""
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}".replace("-", "\u2212")
 
 
 def training_tables(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
