@@ -8,7 +8,7 @@ Cells run one per process, so the vanilla cell leaves its first gradient and fin
 reference store (``$MAXSIM_PARITY_DIR``, default ``runs/parity-reference/``; never committed: a
 ColQwen2 LoRA gradient is tens of MB, a PyLate one hundreds) and every other backend's cell compares
 with it when it finishes. A cell whose reference is not there yet says so instead of a comparison;
-run the grid's vanilla cells first (its order does).
+run the grid's vanilla cells first (the sweep does, and holds the others back until theirs has ended).
 
 The gradient is compared at step 0, where every backend starts from the same weights and batch, so
 the cosine measures the op's numerics alone (the gradient as backward left it, before the trainer

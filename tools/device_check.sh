@@ -8,17 +8,14 @@
 #   python tools/envs.py wheelhouse pylate colpali --host h200-cuda-image --dest wheelhouse   # connected machine
 #   OUT=/tmp/check tools/device_check.sh                                                        # GPU host
 set -uo pipefail
+. "$(dirname "$0")/device_envs.sh"
 OUT=${OUT:-/tmp/device-check}
-HOST=${HOST_IMAGE:-h200-cuda-image}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 stage() { echo "== $(date +%T) $*"; }
 
 stage "environments (offline, from ./wheelhouse)"
-for env in pylate colpali; do
-  python3 tools/envs.py create "$env" --torch system --host "$HOST" --wheelhouse wheelhouse > "$OUT/envs-$env.log" 2>&1 \
-    || { tail -20 "$OUT/envs-$env.log"; exit 1; }
-done
+device_envs "$OUT" || exit 1
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
 
 stage "committed cells, run again"

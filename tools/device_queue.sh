@@ -19,7 +19,7 @@
 #   op-parity LIBRARY                       tools/op_parity.py LIBRARY --device cuda
 # Environments are made from ./wheelhouse (tools/device_check.sh says how to build it).
 set -uo pipefail
-HOST=${HOST_IMAGE:-h200-cuda-image}
+. "$(dirname "$0")/device_envs.sh"
 LOG=device-log
 mkdir -p "$LOG" device-results device-cells
 stage() { echo "== $(date +%T) $*"; }
@@ -27,12 +27,7 @@ stage() { echo "== $(date +%T) $*"; }
 run_queue() {
   export PYTHONUNBUFFERED=1
   stage "environments (offline, from ./wheelhouse)"
-  for env in pylate colpali; do
-    [ -f ".venvs/$env/.device-ready" ] && continue
-    python3 tools/envs.py create "$env" --torch system --host "$HOST" --wheelhouse wheelhouse > "$LOG/envs-$env.log" 2>&1 \
-      || { tail -20 "$LOG/envs-$env.log"; return 1; }
-    touch ".venvs/$env/.device-ready"
-  done
+  device_envs "$LOG" || return 1
   nvidia-smi --query-gpu=index,name,memory.used,clocks.sm,temperature.gpu --format=csv,noheader
   while read -r kind target rest; do
     case "$kind" in

@@ -12,20 +12,15 @@
 # What finished is packed into $OUT/results.tar.gz: unpack it here and copy device-results/ over
 # results/ and device-cells/ over book/cells/.
 set -uo pipefail
+. "$(dirname "$0")/device_envs.sh"
 OUT=${OUT:-/tmp/device-sweep}
-HOST=${HOST_IMAGE:-h200-cuda-image}
 BUDGET=$1; COMMAND=$2; GRID=$3; shift 3
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 stage() { echo "== $(date +%T) $*"; }
 
 stage "environments (offline, from ./wheelhouse)"
-for env in pylate colpali; do
-  [ -f ".venvs/$env/.device-ready" ] && continue
-  python3 tools/envs.py create "$env" --torch system --host "$HOST" --wheelhouse wheelhouse > "$OUT/envs-$env.log" 2>&1 \
-    || { tail -20 "$OUT/envs-$env.log"; exit 1; }
-  touch ".venvs/$env/.device-ready"
-done
+device_envs "$OUT" || exit 1
 nvidia-smi --query-gpu=index,name,memory.used,clocks.sm,temperature.gpu --format=csv,noheader
 nproc
 

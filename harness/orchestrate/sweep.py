@@ -35,8 +35,8 @@ def reference_first(todo: Sequence[GridCell]) -> tuple[list[GridCell], dict[str,
     reference key that its cell sets when it ends; a traced cell whose key has one waits for it."""
     references = [cell for cell in todo if (spec := _traced(cell)) is not None and is_trace_reference(spec)]
     ordered = references + [cell for cell in todo if cell not in references]
-    events = {trace_reference_key(cell.spec): threading.Event() for cell in references}  # type: ignore[arg-type]
-    return ordered, events
+    ended = {trace_reference_key(cell.spec): threading.Event() for cell in references}  # type: ignore[arg-type]
+    return ordered, ended
 
 
 def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | None = None, rerun_crashed: bool = False,
@@ -55,7 +55,7 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
             todo.append(cell)
     echo(f"{len(cells)} cells in the grid: {len(cells) - len(todo)} already have a result, {len(todo)} to run"
          + (f" on GPUs {', '.join(gpus)}" if gpus else " one after another"))  # fmt: skip
-    todo, references = reference_first(todo)
+    todo, reference_ended = reference_first(todo)
     runs: list[CellRun] = []
     lock = threading.Lock()
     started = time.perf_counter()
@@ -63,17 +63,17 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
     def run(index: int, slot: str | None, gate: Gate) -> None:
         cell = todo[index]
         traced = _traced(cell)
-        key = trace_reference_key(traced) if traced is not None else None
-        reference = references.get(key) if key is not None else None
-        if reference is not None and traced is not None and not is_trace_reference(traced):
-            reference.wait()  # its vanilla cell leaves the reference it compares with
+        ended = reference_ended.get(trace_reference_key(traced)) if traced is not None else None
+        is_reference = traced is not None and is_trace_reference(traced)
+        if ended is not None and not is_reference:
+            ended.wait()  # its vanilla cell leaves the reference it compares with
         with lock:
             echo(f"  start {cell.cell_id}" + (f" on GPU {slot}" if slot is not None else ""))
         try:
             done = launch(cell, layout, slot, gate)
         finally:
-            if reference is not None and traced is not None and is_trace_reference(traced):
-                reference.set()
+            if ended is not None and is_reference:
+                ended.set()
         with lock:
             runs.append(done)
             phases = f"; {done.phases}" if done.phases else ""

@@ -27,7 +27,7 @@ from harness.results import OTHER_RECORDS, default_results_dir
 from harness.spec import BACKENDS
 
 OP_PARITY = "op-parity"  # results/op-parity/: one file per library and device
-MASK_READINGS = "mask-readings"  # harness.parity.write_mask_readings
+MASK_READINGS_KIND = "mask-readings"  # harness.parity.write_mask_readings (its MASK_READINGS_KIND)
 
 PUBLISHED_PARITY = ROOT / "book" / "data" / "published_parity.csv"
 assert OP_PARITY in OTHER_RECORDS
@@ -41,15 +41,19 @@ def op_parity_files(results_dir: Path | None = None) -> list[Path]:
     return sorted((root / OP_PARITY).glob("*.json"))
 
 
+def _documents(kind: str, results_dir: Path | None = None) -> list[dict[str, Any]]:
+    """The files of ``results/op-parity/`` of one ``kind``: op-parity records, or the mask readings
+    kept beside them."""
+    documents = [json.loads(path.read_text()) for path in op_parity_files(results_dir)]
+    return [document for document in documents if document.get("kind") == kind]
+
+
 def op_parity(results_dir: Path | None = None) -> pd.DataFrame:
     """One row per checked (library, head, backend, dtype, case, score chunk, device): the largest
     relative error of each quantity kind (scores, loss, gradients) and the worst error as a fraction
     of its bound."""
     rows = []
-    for path in op_parity_files(results_dir):
-        document: dict[str, Any] = json.loads(path.read_text())
-        if document.get("kind") != OP_PARITY:
-            continue  # another record kept beside them (the masks-as-lengths explanation)
+    for document in _documents(OP_PARITY, results_dir):
         for record in document.get("records", []):
             kinds: dict[str, float] = {}
             for error in record["errors"]:
@@ -126,10 +130,7 @@ def op_errors(results_dir: Path | None = None) -> pd.DataFrame:
     """Every compared quantity of every op-parity record: library, head, backend, dtype, case, device,
     quantity, its max absolute error and whether it held its bound."""
     rows = []
-    for path in op_parity_files(results_dir):
-        document: dict[str, Any] = json.loads(path.read_text())
-        if document.get("kind") != OP_PARITY:
-            continue
+    for document in _documents(OP_PARITY, results_dir):
         for record in document.get("records", []):
             for error in record["errors"]:
                 rows.append({key: record[key] for key in ("library", "head", "variant", "dtype", "case", "device")}
@@ -143,9 +144,7 @@ def mask_readings(results_dir: Path | None = None) -> pd.DataFrame:
     differences its reading of the masks makes on the CPU (:func:`harness.parity.masks_read_as`):
     one row per backend, case, dtype and quantity, with their relative difference. Empty until both
     are committed."""
-    root = Path(results_dir) if results_dir is not None else default_results_dir()
-    read = [row for path in sorted((root / OP_PARITY).glob("*.json"))
-            if (doc := json.loads(path.read_text())).get("kind") == MASK_READINGS for row in doc["rows"]]  # fmt: skip
+    read = [row for document in _documents(MASK_READINGS_KIND, results_dir) for row in document["rows"]]
     errors = op_errors(results_dir)
     if not read or errors.empty:
         return pd.DataFrame()
