@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 # --- registries ----------------------------------------------------------------------------------
@@ -422,6 +424,13 @@ def trace_reference_key(spec: TrainSpec) -> str:
     mini = f"-mb{spec.mini_batch_size}" if spec.mini_batch_size else ""
     return (f"{spec.stack}-{spec.regime}-b{spec.batch_size}{mini}-{spec.card}-{spec.allocator}-s{spec.seed}"
             f"-{spec.preset}-{spec.device}-steps{spec.max_steps}")  # fmt: skip
+
+
+def trace_reference_path(spec: TrainSpec) -> Path:
+    """Where a traced cell's reference is kept: ``$MAXSIM_PARITY_DIR`` (default
+    ``runs/parity-reference/``, never committed), one file per :func:`trace_reference_key`."""
+    store = os.environ.get("MAXSIM_PARITY_DIR") or Path(__file__).resolve().parent.parent / "runs" / "parity-reference"
+    return Path(store) / f"{trace_reference_key(spec)}.pt"
 
 
 def is_trace_reference(spec: TrainSpec) -> bool:

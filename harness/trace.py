@@ -31,14 +31,7 @@ from transformers import TrainerCallback
 from harness.results import Parity
 from harness.spec import TrainSpec
 from harness.spec import is_trace_reference as is_reference
-from harness.spec import trace_reference_key as reference_key
-
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_STORE = ROOT / "runs" / "parity-reference"
-
-
-def store() -> Path:
-    return Path(os.environ.get("MAXSIM_PARITY_DIR") or DEFAULT_STORE)
+from harness.spec import trace_reference_path as reference_path
 
 
 def _host_vector(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -100,7 +93,7 @@ class TrainingTrace(TrainerCallback):
     def finish(self, spec: TrainSpec, model: torch.nn.Module) -> Parity:
         """Write the reference (the vanilla cell) or compare with it (every other backend)."""
         final = _host_vector(list(_trainable(model)))
-        path = store() / f"{reference_key(spec)}.pt"
+        path = reference_path(spec)
         if self.first_grad is None:
             return Parity(reference=path.name, note="no optimizer step was taken: nothing to compare")
         if is_reference(spec):

@@ -54,7 +54,7 @@ def test_a_tiny_cell_trains_through_colpali_engines_trainer(tmp_path, monkeypatc
     assert result.env.data_source == f"synthetic:colpali_train_set:seed=42:stream={colpali_data.STREAM_ROWS}"
     # the trace: a loss and a gradient norm per step, and vanilla's reference for the other backends
     assert len(result.loss_per_step) == len(result.grad_norm_per_step) == STEPS
-    saved = torch.load(tmp_path / "store" / f"{trace.reference_key(result.spec)}.pt", weights_only=True)
+    saved = torch.load(trace.reference_path(result.spec), weights_only=True)
     # only the LoRA adapters train: the kept vectors are theirs, and the first is the unclipped gradient
     assert float(saved["first_grad"].norm()) == pytest.approx(result.grad_norm_per_step[0], rel=1e-4)
     assert 0 < saved["final"].numel() < 10_000_000

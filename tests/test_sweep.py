@@ -455,3 +455,33 @@ def test_traced_cells_wait_for_their_vanilla_reference_however_many_start_togeth
     ordered, waits = sweep.reference_first(cells)
     assert [c.spec.cell_id for c in ordered] == [specs[1].cell_id, vanilla, lik]
     assert len(waits) == 2
+
+
+def test_a_traced_cell_is_not_run_when_its_reference_crashed_and_a_stale_reference_is_removed(tmp_path, monkeypatch):
+    """The vanilla reference crashes: its lik cell is not launched (nothing to compare with), and the
+    reference file an earlier run left is gone before the reference starts, so no cell can read it."""
+    from harness.orchestrate import sweep
+    from harness.spec import trace_reference_path
+
+    monkeypatch.setenv("MAXSIM_PARITY_DIR", str(tmp_path / "store"))
+    base = TrainSpec(stack="pylate", regime="plain", batch_size=2, steps=2, preset="tiny", device="cpu", trace=True)
+    specs = [with_fields(base, variant="lik"), with_fields(base)]
+    cells = [GridCell("parity", spec, "pylate", "notebooks/pylate.ipynb") for spec in specs]
+    stale = trace_reference_path(base)
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"an earlier run's reference")
+    launched: list[str] = []
+    seen_stale: list[bool] = []
+
+    def fake_launch(cell, layout, slot, gate):
+        launched.append(cell.cell_id)
+        seen_stale.append(stale.exists())
+        return SimpleNamespace(cell=cell, outcome="crashed", seconds=0.1, phases="", detail="")
+
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+    monkeypatch.setattr(sweep, "state", lambda cell, layout: "missing")
+    lines: list[str] = []
+    runs = sweep.run_sweep(cells, Layout(tmp_path / "r", tmp_path / "c"), cells_per_gpu=2, echo=lines.append)
+    assert launched == [specs[1].cell_id] and seen_stale == [False]
+    assert {run.cell.cell_id: run.outcome for run in runs} == {specs[1].cell_id: "crashed", specs[0].cell_id: "skipped"}
+    assert any(f"{specs[0].cell_id}: not run — its vanilla reference ended crashed" in line for line in lines)

@@ -19,7 +19,8 @@ def test_a_traced_backend_is_compared_with_the_vanilla_cell_of_its_batch_and_see
     assert len(vanilla.loss_per_step) == len(vanilla.grad_norm_per_step) == 3
     assert all(loss > 0 for loss in vanilla.loss_per_step) and all(norm > 0 for norm in vanilla.grad_norm_per_step)
     assert vanilla.parity.reference_cell_id == vanilla.cell_id and vanilla.parity.first_grad_cosine is None
-    saved = torch.load(tmp_path / "store" / f"{trace.reference_key(vanilla.spec)}.pt", weights_only=True)
+    assert trace.reference_path(vanilla.spec).parent == tmp_path / "store"
+    saved = torch.load(trace.reference_path(vanilla.spec), weights_only=True)
     assert saved["first_grad"].dtype == torch.float64 and saved["first_grad"].numel() == saved["final"].numel()
     assert float(saved["first_grad"].norm()) == pytest.approx(vanilla.grad_norm_per_step[0], rel=1e-5)
 

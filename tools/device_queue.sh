@@ -19,6 +19,7 @@
 #   op-parity LIBRARY                       tools/op_parity.py LIBRARY --device cuda
 # Environments are made from ./wheelhouse (tools/device_check.sh says how to build it).
 set -uo pipefail
+set -f  # a job's options (--match 'colpali-*') reach the harness as written, never as file names
 . "$(dirname "$0")/device_envs.sh"
 LOG=device-log
 mkdir -p "$LOG" device-results device-cells
@@ -52,8 +53,12 @@ run_queue() {
 case "${1:-}" in
   start)
     [ -f "${2:-}" ] || { echo "usage: $0 start QUEUE"; exit 2; }
+    if [ -f "$LOG/queue.pid" ] && kill -0 "$(cat "$LOG/queue.pid")" 2>/dev/null; then
+      echo "a queue is already running (pid $(cat "$LOG/queue.pid")): not starting another"; exit 0
+    fi
     rm -f "$LOG/queue.done"
     setsid nohup bash "$0" _run "$2" > "$LOG/queue.log" 2>&1 < /dev/null &
+    echo $! > "$LOG/queue.pid"
     echo "queue started (pid $!)" ;;
   _run) run_queue "$2" ;;
   pack)
@@ -64,6 +69,6 @@ case "${1:-}" in
     tar czf "$OUT/results.tar.gz" device-results device-cells 2>/dev/null
     cp "$LOG"/*.log "$OUT/" 2>/dev/null
     tail -40 "$LOG/queue.log"
-    [ -f "$LOG/queue.done" ] && echo "QUEUE DONE" ;;
+    if [ -f "$LOG/queue.done" ]; then echo "QUEUE DONE"; else echo "queue still running"; fi ;;
   *) echo "usage: $0 start QUEUE | pack [SECONDS]"; exit 2 ;;
 esac

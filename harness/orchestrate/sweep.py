@@ -8,7 +8,9 @@ the cell runs again. Cells run one after another on one GPU, or one per GPU with
 Traced cells (``trace: true``, :mod:`harness.trace`) compare with the vanilla cell of their batch
 and seed, which must have finished first: the sweep runs such reference cells before the others
 and holds a traced cell back until its reference, if it runs in this sweep, has ended — however
-many workers start cells side by side.
+many workers start cells side by side. A reference about to run first removes the reference file an
+earlier run left (so nothing compares with a stale one), and a traced cell whose reference did not
+end ``ok`` in this sweep is not run (it is said, and stays missing for the next sweep).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +26,27 @@ from harness.grid import GridCell
 from harness.orchestrate.launcher import ROOT, CellRun, Gate, Layout, finish_orphan, launch, set_aside, state
 from harness.orchestrate.pool import run_on_gpus
 from harness.results import load_result
-from harness.spec import STACKS, TrainSpec, is_trace_reference, trace_reference_key
+from harness.spec import STACKS, TrainSpec, is_trace_reference, trace_reference_key, trace_reference_path
 
 
 def _traced(cell: GridCell) -> TrainSpec | None:
     return cell.spec if isinstance(cell.spec, TrainSpec) and cell.spec.trace else None
 
 
-def reference_first(todo: Sequence[GridCell]) -> tuple[list[GridCell], dict[str, threading.Event]]:
-    """``todo`` with the traced reference cells first (otherwise in order), and an event per
-    reference key that its cell sets when it ends; a traced cell whose key has one waits for it."""
+@dataclass
+class Reference:
+    """A traced reference cell of this sweep: set when it has ended, with how it ended."""
+
+    ended: threading.Event = field(default_factory=threading.Event)
+    outcome: str | None = None
+
+
+def reference_first(todo: Sequence[GridCell]) -> tuple[list[GridCell], dict[str, Reference]]:
+    """``todo`` with the traced reference cells first (otherwise in order), and a :class:`Reference`
+    per reference key that its cell sets when it ends; a traced cell whose key has one waits for it."""
     references = [cell for cell in todo if (spec := _traced(cell)) is not None and is_trace_reference(spec)]
     ordered = references + [cell for cell in todo if cell not in references]
-    ended = {trace_reference_key(cell.spec): threading.Event() for cell in references}  # type: ignore[arg-type]
-    return ordered, ended
+    return ordered, {trace_reference_key(cell.spec): Reference() for cell in references}  # type: ignore[arg-type]
 
 
 def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | None = None, rerun_crashed: bool = False,
@@ -55,7 +65,7 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
             todo.append(cell)
     echo(f"{len(cells)} cells in the grid: {len(cells) - len(todo)} already have a result, {len(todo)} to run"
          + (f" on GPUs {', '.join(gpus)}" if gpus else " one after another"))  # fmt: skip
-    todo, reference_ended = reference_first(todo)
+    todo, references = reference_first(todo)
     runs: list[CellRun] = []
     lock = threading.Lock()
     started = time.perf_counter()
@@ -63,17 +73,27 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
     def run(index: int, slot: str | None, gate: Gate) -> None:
         cell = todo[index]
         traced = _traced(cell)
-        ended = reference_ended.get(trace_reference_key(traced)) if traced is not None else None
+        reference = references.get(trace_reference_key(traced)) if traced is not None else None
         is_reference = traced is not None and is_trace_reference(traced)
-        if ended is not None and not is_reference:
-            ended.wait()  # its vanilla cell leaves the reference it compares with
+        if reference is not None and not is_reference:
+            reference.ended.wait()  # its vanilla cell leaves the reference it compares with
+            if reference.outcome != "ok":
+                with lock:
+                    runs.append(CellRun(cell, "skipped", 0.0, slot or "", detail=f"its reference ended {reference.outcome}"))
+                    echo(f"[{len(runs)}/{len(todo)}] {cell.cell_id}: not run — its vanilla reference ended"
+                         f" {reference.outcome}, so there is nothing to compare with")  # fmt: skip
+                return
+        if reference is not None and is_reference:
+            trace_reference_path(traced).unlink(missing_ok=True)  # type: ignore[arg-type]
         with lock:
             echo(f"  start {cell.cell_id}" + (f" on GPU {slot}" if slot is not None else ""))
+        done = None
         try:
             done = launch(cell, layout, slot, gate)
         finally:
-            if ended is not None and is_reference:
-                ended.set()
+            if reference is not None and is_reference:
+                reference.outcome = done.outcome if done is not None else "crashed"
+                reference.ended.set()
         with lock:
             runs.append(done)
             phases = f"; {done.phases}" if done.phases else ""
