@@ -34,7 +34,10 @@ Spec = Annotated[TrainSpec | OpSpec, Field(discriminator="kind")]
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    # A non-finite measurement (a loss or gradient norm that overflowed) is written as JSON's NaN /
+    # Infinity constants, which Python's json reads back: pydantic's default writes null, which a
+    # float field then refuses, so the whole result would be lost.
+    model_config = ConfigDict(extra="forbid", frozen=False, ser_json_inf_nan="constants")
 
 
 class OpCall(_Record):

@@ -187,8 +187,9 @@ def test_what_the_ceilings_page_says_of_the_stack_pages_times_is_their_timing_re
 
     cells, _ = data.load()
     text = prose.stack_page_timing(cells)
-    trained = cells[cells["outcome"] == "ok"]
-    assert f"only for the {len(tables.timed(cells))} of their {len(trained)} trained grid cells" in text
+    trained = cells[(cells["outcome"] == "ok") & (cells["kind"] == "train")]  # op cells are the op page's
+    assert len(trained) < len(cells[cells["outcome"] == "ok"])
+    assert f"only for the {len(tables.timed(cells[cells['kind'] == 'train']))} of their {len(trained)} trained grid cells" in text
     assert "parity" not in set(cells["grid"])  # traced cells have their own page
 
 
@@ -204,3 +205,15 @@ def test_lik_op_memory_that_may_hold_the_autotuners_buffers_is_marked():
     expected = {(f"{r.stack.removeprefix('op-')} · {r.regime}", r.batch_size, "lik") for r in ops.itertuples()
                 if r.variant == "lik" and r.stack == "op-pylate" and r.batch_size >= 256 and r.migrated and r.outcome == "ok"}
     assert marked == expected and expected
+
+
+def test_where_each_repeated_pair_ran_is_read_from_their_platform_strings():
+    from harness.report import data, prose, timing
+
+    pairs = data.repeats()
+    text = prose.repeat_hosts(pairs)
+    same = [first for first, second in pairs if first.env.platform == second.env.platform]
+    gaps = {first.cell_id: gap for first, _, _, gap in timing.repeat_gaps(pairs)}
+    assert f"{len(same)} on the same machine, medians apart by up to {100 * max(gaps[c.cell_id] for c in same):.1f}%" in text
+    if len(same) < len(pairs):
+        assert f"{len(pairs) - len(same)} on two machines" in text

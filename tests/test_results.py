@@ -237,3 +237,15 @@ def test_a_crash_marker_names_its_spec_and_why_it_has_no_measurement(tmp_path):
 def test_load_results_of_an_empty_directory_is_an_empty_frame(tmp_path):
     frame = load_results(tmp_path)
     assert frame.empty and "batch_size" in frame.columns and "cell_id" in frame.columns
+
+
+def test_a_non_finite_measurement_survives_the_round_trip(tmp_path):
+    """A gradient norm that overflowed (inf) and a loss that became NaN are written as JSON's
+    Infinity / NaN constants and read back as such: pydantic's default (null) would make the whole
+    result unreadable, and its cell would pass for crashed (what ColQwen2's traced B=64 cell did)."""
+    original = make_result(loss_per_step=[0.7, float("nan")], grad_norm_per_step=[0.5, float("inf")])
+    path = write_result(original, tmp_path / "cell.json")
+    assert '"grad_norm_per_step": [\n    0.5,\n    Infinity\n  ]' in path.read_text()
+    loaded = load_result(path)
+    assert loaded.grad_norm_per_step == [0.5, float("inf")]
+    assert loaded.loss_per_step[0] == 0.7 and loaded.loss_per_step[1] != loaded.loss_per_step[1]  # NaN

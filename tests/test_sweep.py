@@ -485,3 +485,19 @@ def test_a_traced_cell_is_not_run_when_its_reference_crashed_and_a_stale_referen
     assert launched == [specs[1].cell_id] and seen_stale == [False]
     assert {run.cell.cell_id: run.outcome for run in runs} == {specs[1].cell_id: "crashed", specs[0].cell_id: "skipped"}
     assert any(f"{specs[0].cell_id}: not run — its vanilla reference ended crashed" in line for line in lines)
+
+
+def test_a_result_the_launcher_refuses_is_marked_crashed_with_the_reason(tmp_path):
+    """The notebook wrote a result of another spec at the cell's path: the crash marker says which
+    fields differ, not only that no valid result was written."""
+    cells = load_grid(write_grid(tmp_path / "tiny.yaml", pylate_cells([2])))
+    layout = Layout(tmp_path / "results", tmp_path / "cells")
+    path = layout.result_path(cells[0])
+    path.parent.mkdir(parents=True)
+    other = with_fields(cells[0].spec, steps=cells[0].spec.steps + 1)
+    write_result(CellResult.crashed(other, cells[0].grid, "error", None, 1.0), path)
+    result, why = launcher._own_result_or_why(path, cells[0])
+    assert result is None and why == f"{path} is a result of another spec (it differs in steps)"
+    path.write_text('{"schema_version": 2}')
+    assert "not a valid cell result" in launcher._own_result_or_why(path, cells[0])[1]
+

@@ -26,7 +26,7 @@ from harness import allocator, host
 from harness.grid import GridCell
 from harness.orchestrate.pool import Gate, cell_environment
 from harness.results import CellResult, Failure, ResultError, load_result, write_result
-from harness.spec import STACKS, admits, notebook_parameters
+from harness.spec import STACKS, admits, notebook_parameters, spec_fields
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 KERNEL_START_ATTEMPTS = 3
@@ -146,9 +146,9 @@ def launch(cell: GridCell, layout: Layout, gpu: str | None, gate: Gate | None = 
             log.flush()
             time.sleep(attempt)
     seconds = time.perf_counter() - started
-    result = _own_result(result_path, cell)
+    result, why = _own_result_or_why(result_path, cell)
     if result is None or (completed.returncode != 0 and result.outcome == "ok"):
-        kind, message = failure or ("error", "the notebook ended without writing a valid result of this cell")
+        kind, message = failure or ("error", f"the notebook ended without writing a valid result of this cell: {why}")
         marker = CellResult.crashed(spec, cell.grid, kind, log_tail(log_path, lines=40), seconds, message)
         write_result(marker, result_path)
         publish_notebook(running_path, notebook_path, f"{spec.title} — crashed")
@@ -159,11 +159,22 @@ def launch(cell: GridCell, layout: Layout, gpu: str | None, gate: Gate | None = 
 
 def _own_result(path: Path, cell: GridCell) -> CellResult | None:
     """The result at ``path`` if it is a valid result of ``cell`` (its grid, its spec)."""
+    return _own_result_or_why(path, cell)[0]
+
+
+def _own_result_or_why(path: Path, cell: GridCell) -> tuple[CellResult | None, str]:
+    """:func:`_own_result`, and when there is none, why in one line."""
     try:
         result = load_result(path)
-    except ResultError:
-        return None
-    return result if result.grid == cell.grid and admits(cell.spec, result.spec) else None
+    except ResultError as error:
+        return None, str(error)
+    if result.grid != cell.grid:
+        return None, f"{path} is a result of grid {result.grid!r}, not {cell.grid!r}"
+    if not admits(cell.spec, result.spec):
+        differ = [field.name for field in spec_fields(result.spec.kind)
+                  if getattr(cell.spec, field.name, None) != getattr(result.spec, field.name)]  # fmt: skip
+        return None, f"{path} is a result of another spec (it differs in {', '.join(differ) or 'its kind'})"
+    return result, ""
 
 
 def notebook_failure(path: Path) -> tuple[Failure, str | None]:

@@ -13,6 +13,7 @@ maxima, so how far rounding alone turns a gradient is what these runs measure.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -233,8 +234,10 @@ def traced_cells(source: Results | None = None) -> list[Any]:
 
 
 def loss_gaps(result: Any, vanilla: Any) -> list[float]:
-    """|loss − vanilla's loss| at every step both cells trained."""
-    return [abs(a - b) for a, b in zip(result.loss_per_step, vanilla.loss_per_step, strict=False)]
+    """|loss − vanilla's loss| at every step both cells trained; infinite where either loss is not
+    finite (a run that diverged cannot be within any noise floor)."""
+    return [abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf
+            for a, b in zip(result.loss_per_step, vanilla.loss_per_step, strict=False)]  # fmt: skip
 
 
 def training_table(traced: list[Any], published_max_gap: float | None = None) -> pd.DataFrame:
@@ -301,6 +304,14 @@ def published_gap(published: pd.DataFrame) -> float | None:
     return None if gap.empty else float(gap.max())
 
 
+def times_floor(row: dict[str, Any]) -> str:
+    """How many times its noise floor a backend's largest loss gap is ("91×"); a floor of exactly 0
+    (the chunked sums came out bit-equal) gives no ratio, so the gap is said to be above it."""
+    if not row["floor"]:
+        return "above (the floor is 0)" if row["max_gap"] > 0 else "at"
+    return f"{row['max_gap'] / row['floor']:.0f}×"
+
+
 def noise_floors(traced: list[Any], published_max_gap: float | None) -> dict[tuple[str, str, int], tuple[float, str]]:
     """Per stack, regime and batch: how far two computations of the same math drift apart in 50 steps,
     and what that is. Where PyLate's chunking ran (the same sums in another order), its largest
@@ -312,7 +323,8 @@ def noise_floors(traced: list[Any], published_max_gap: float | None) -> dict[tup
         base = vanilla.get(key)
         if result.score_mini_batch_size and result.variant == "vanilla" and base is not None and result.outcome == "ok":
             gap = max(loss_gaps(result, base))
-            floors[key] = (max(gap, floors.get(key, (0.0, ""))[0]), f"vanilla chunked by {result.score_mini_batch_size}")
+            if key not in floors or gap > floors[key][0]:  # the widest drift, named by the chunk that drifted so
+                floors[key] = (gap, f"vanilla chunked by {result.score_mini_batch_size}")
     for result in traced:
         key = (result.stack, result.regime, result.batch_size)
         if key not in floors and published_max_gap is not None:
@@ -373,7 +385,7 @@ def training_verdicts(traced: list[Any], published_max_gap: float | None) -> lis
             lines.append(f"{where}: **the same model** — {numbers}, within the noise floor {row['floor']:.4f} "
                          f"({row['floor_is']}).")
         else:
-            lines.append(f"{where}: **not the same model** — {numbers}: {row['max_gap'] / row['floor']:.0f}× the noise "
+            lines.append(f"{where}: **not the same model** — {numbers}: {times_floor(row)} the noise "
                          f"floor {row['floor']:.4f} ({row['floor_is']}).")
     return lines
 
@@ -396,7 +408,7 @@ def training_caveat(traced: list[Any], stack: str, regime: str, published_max_ga
         mine = sorted((row for row in rows if row["backend"] == backend), key=lambda row: row["batch"])
         batches = _and([f"B={row['batch']}" for row in mine])
         cosines = _and([f"{row['cosine']:.3f}" for row in mine])
-        ratios = _and([f"{row['max_gap'] / row['floor']:.0f}×" for row in mine])
+        ratios = _and([times_floor(row) for row in mine])
         text = (f"**{backend} does not train the same model as vanilla here**: at {batches} its first step's gradient "
                 f"has cosine {cosines} with vanilla's, and its largest loss gap is {ratios} the noise floor")  # fmt: skip
         readings = read[read["backend"] == backend]["reading"] if read is not None and not read.empty else pd.Series()

@@ -814,6 +814,21 @@ def repeat_reading(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:
             f"{100 * timing.REPEAT_TOLERANCE:.0f}%; these do not: {', '.join(wide)}.")  # fmt: skip
 
 
+def repeat_hosts(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:
+    """Whether each repeated cell's two runs ran on one machine (the same host kernel build in their
+    platform string) or on two leased machines, and how far the medians moved in each group, in words."""
+    gaps = {first.cell_id: gap for first, _, _, gap in timing.repeat_gaps(pairs)}
+    groups: dict[bool, list[float]] = {True: [], False: []}
+    for first, second in pairs:
+        if first.cell_id in gaps and first.env is not None and second.env is not None:
+            groups[first.env.platform == second.env.platform].append(gaps[first.cell_id])
+    parts = [f"{len(values)} {'on the same machine' if same else 'on two machines (another host kernel build)'}, "
+             f"medians apart by up to {100 * max(values):.1f}%" for same, values in groups.items() if values]  # fmt: skip
+    if not parts:
+        return ""
+    return "Where the two runs of a pair ran: " + "; ".join(parts) + "."
+
+
 def _step_shapes(result: CellResult) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
     return {call.step: (tuple(call.query_shape), tuple(call.doc_shape)) for call in result.maxsim_calls_in_train
             if call.step is not None}  # fmt: skip
@@ -881,7 +896,8 @@ def lik_spike_reading(experiments: Sequence[dict[str, object]], ops: pd.DataFram
 def stack_page_timing(cells: pd.DataFrame) -> str:
     """What the stack pages' step times were taken beside, from the cells' timing records (the timing
     rule, :mod:`harness.host`): how many trained cells may show times, and why the others may not."""
-    trained = cells[cells["outcome"] == "ok"] if not cells.empty else cells
+    # the stack pages' cells: training cells of the grids (op-level cells are the op page's)
+    trained = cells[(cells["outcome"] == "ok") & (cells["kind"] == "train")] if not cells.empty else cells
     if trained.empty:
         return "No grid cell has trained yet, so the stack pages show no step time."
     comparable = trained["times_comparable"].astype(bool)
