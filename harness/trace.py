@@ -22,7 +22,6 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
