@@ -35,6 +35,8 @@ def test_a_ratio_whose_interval_holds_one_is_no_measurable_difference():
     assert fast.measurable and 1.9 < fast.low <= fast.value <= fast.high < 2.1
     assert timing.ratio_words(fast).startswith(f"{fast.value:.2f}× faster (")
     assert timing.ratio(same_a, same_b) == tie  # seeded: the book is reproducible
+    # an interval that two decimals would print as one number gets a third
+    assert timing.ratio_words(timing.Ratio(1.1003, 1.0981, 1.1024)) == "1.100× faster (1.098–1.102)"
 
 
 def test_speed_against_vanilla_and_autotune_cost():

@@ -108,8 +108,8 @@ def autotune(result: CellResult) -> Autotune | None:
 
 def ratio_words(value: Ratio, faster: str = "faster", slower: str = "slower") -> str:
     """``1.31× faster (1.25–1.37)`` or ``no measurable difference (0.97–1.04)``; three decimals
-    where two would print a measurable difference as 1.00."""
-    digits = 3 if f"{value.value:.2f}" == "1.00" or f"{value.low:.2f}" == f"{value.high:.2f}" == "1.00" else 2
+    where two would print a measurable difference as 1.00, or an interval as one number (1.10–1.10)."""
+    digits = 3 if f"{value.value:.2f}" == "1.00" or f"{value.low:.2f}" == f"{value.high:.2f}" else 2
     interval = f"{value.low:.{digits}f}–{value.high:.{digits}f}"
     if not value.measurable:
         return f"no measurable difference ({interval})"
