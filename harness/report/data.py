@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.grid import ROOT, grid_names
+from harness.report import timing
 from harness.results import CellResult, Skipped, default_results_dir, frame_of, read_results
 from harness.search import Ceiling, CeilingSearch, Probes, load_searches, search_state
 from harness.spec import CARDS
@@ -36,7 +37,8 @@ SHARED_CHECK = "shared-gpu-check"  # grids/shared-gpu-check.yaml: a ceiling sear
 CEILINGS = "ceilings"  # the grid of the ceiling searches' probes
 PARITY = "parity"  # grids/parity.yaml: traced 50-step cells, read by the parity page (harness.report.agreement)
 LONG_RUN = "long-run"  # grids/long-run.yaml: 100-300 steps at the 80 GB ceilings, read by the ceilings page
-APART = (CEILINGS, SHARED_CHECK, REPEAT, PARITY, LONG_RUN)  # grids with their own pages or tables
+PINNED_CHECK = "pinned-check"  # grids/pinned-check.yaml: repeat cells timed pinned side by side on two GPUs
+APART = (CEILINGS, SHARED_CHECK, REPEAT, PARITY, LONG_RUN, PINNED_CHECK)  # grids with their own pages or tables
 CEILINGS_GRID = ROOT / "grids" / "ceilings.yaml"
 PUBLISHED = ROOT / "book" / "data" / "published.csv"
 # tools/investigate_lik_spike.py's record of its run on an H200: why an op cell's first lik backward
@@ -112,8 +114,14 @@ def load(source: Source = None,
     ceiling probes have their own page, the shared-GPU check its own table, the repeated cells
     their twins in the published grid (:func:`repeats`), the traced cells the parity page, and the
     long runs the ceilings page."""
-    chosen = results_of(source).excluding(*leave_out)
+    results = results_of(source)
+    chosen = results.excluding(*leave_out)
     cells = with_backend(frame_of(chosen))
+    unvouched = pinned_unvouched(results, chosen)
+    if unvouched:  # the timing rule: pinned side-by-side times count only where the pinned check vouches
+        demoted = cells["path"].isin(list(unvouched))
+        cells.loc[demoted, "times_comparable"] = False
+        cells.loc[demoted, "timing_reason"] = [unvouched[path] for path in cells.loc[demoted, "path"]]
     calls = with_backend(frame_of(chosen, level="calls"))
     if not calls.empty:
         calls = calls[calls["call_kind"] == "isolated"]
@@ -373,6 +381,23 @@ def query_lengths(source: Source = None, stack: str = "colpali") -> pd.DataFrame
             rows.append({"cell_id": result.cell_id, "grid": result.grid, "batch_size": result.batch_size, "draw": draw,
                          "seed": result.seed, "step": call.step, "query_tokens": call.query_shape[1]})  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def pinned(source: Source = None) -> list[timing.PinnedCheck]:
+    """The pinned check's cells beside their alone runs (the published and repeat grids' twins)."""
+    results = results_of(source)
+    alone = [result for _, result in results.of(PUBLISHED_GRID, REPEAT)]
+    return timing.pinned_checks([result for _, result in results.of(PINNED_CHECK)], alone)
+
+
+def pinned_unvouched(results: Results, chosen: Sequence[Item]) -> dict[str, str]:
+    """Path → reason for every chosen result timed pinned beside other cells in a stack whose pinned
+    check has not shown that such cells time as alone."""
+    verdicts = timing.pinned_verdicts(pinned(results))
+    return {str(path): (f"pinned to its own cores beside {result.timing.neighbours} other cell(s), which the pinned "
+                        f"check has not shown to time as alone for {result.stack}")
+            for path, result in chosen
+            if timing.ran_beside_others(result) and result.timing is not None and not verdicts.get(result.stack, False)}
 
 
 def repeats(source: Source = None) -> list[tuple[CellResult, CellResult]]:

@@ -814,6 +814,31 @@ def repeat_reading(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:
             f"{100 * timing.REPEAT_TOLERANCE:.0f}%; these do not: {', '.join(wide)}.")  # fmt: skip
 
 
+def pinned_reading(checks: Sequence[timing.PinnedCheck]) -> str:
+    """What the pinned check says per stack, and so whether that stack's cells may be timed pinned
+    side by side (the timing rule), in words."""
+    if not checks:
+        return (f"The pinned check (`grids/pinned-check.yaml`: {timing.PINNED_MIN_CELLS} cells per stack timed two at a "
+                "time on a two-GPU host, each pinned to its own cores) has not run yet, so no pinned side-by-side time "
+                "is published and every timed cell here ran alone.")  # fmt: skip
+    parts = []
+    for stack, vouched in timing.pinned_verdicts(checks).items():
+        mine = [check for check in checks if check.stack == stack]
+        widest = max(check.gap for check in mine)
+        if vouched:
+            parts.append(f"{stack}: all {len(mine)} pinned cells time within {100 * timing.REPEAT_TOLERANCE:.0f}% of "
+                         f"alone (widest {100 * widest:.1f}%), so its cells may be timed pinned side by side")  # fmt: skip
+        elif len(mine) < timing.PINNED_MIN_CELLS:
+            parts.append(f"{stack}: {len(mine)} pinned cells, fewer than the {timing.PINNED_MIN_CELLS} the check needs, "
+                         "so its cells are timed alone")  # fmt: skip
+        else:
+            apart = sum(not check.agrees for check in mine)
+            parts.append(f"{stack}: {apart} of {len(mine)} pinned cells time more than "
+                         f"{100 * timing.REPEAT_TOLERANCE:.0f}% from alone (widest {100 * widest:.1f}%), so its cells "
+                         "are timed alone")  # fmt: skip
+    return "The pinned check, per stack — " + "; ".join(parts) + "."
+
+
 def repeat_hosts(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:
     """Whether each repeated cell's two runs ran on one machine (the same host kernel build in their
     platform string) or on two leased machines, and how far the medians moved in each group, in words."""

@@ -206,6 +206,18 @@ def repeat_table(pairs: Sequence[tuple[Any, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def pinned_table(checks: Sequence[timing.PinnedCheck]) -> pd.DataFrame:
+    """Each pinned-check cell: its medians alone, its median pinned beside another cell, and how far
+    that is from the alone medians' mean, against the 3% the timing rule asks."""
+    return pd.DataFrame([{
+        "cell": nowrap(check.cell_id),
+        "alone, s (each run)": nowrap(" · ".join(sig(median) for median in check.alone)),
+        "pinned beside another, s": sig(check.pinned),
+        "apart": f"{100 * check.gap:.1f}%",
+        "within 3%": "yes" if check.agrees else "no",
+    } for check in checks])  # fmt: skip
+
+
 def published_comparison(cells: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
     """Our step peaks and times beside the published ones (:func:`harness.report.data.published`) for the same cells."""
     rows = []

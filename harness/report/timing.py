@@ -109,7 +109,8 @@ def autotune(result: CellResult) -> Autotune | None:
 def ratio_words(value: Ratio, faster: str = "faster", slower: str = "slower") -> str:
     """``1.31× faster (1.25–1.37)`` or ``no measurable difference (0.97–1.04)``; three decimals
     where two would print a measurable difference as 1.00, or an interval as one number (1.10–1.10)."""
-    digits = 3 if f"{value.value:.2f}" == "1.00" or f"{value.low:.2f}" == f"{value.high:.2f}" else 2
+    one_number = value.low != value.high and f"{value.low:.2f}" == f"{value.high:.2f}"
+    digits = 3 if f"{value.value:.2f}" == "1.00" or one_number else 2
     interval = f"{value.low:.{digits}f}–{value.high:.{digits}f}"
     if not value.measurable:
         return f"no measurable difference ({interval})"
@@ -131,3 +132,53 @@ def repeat_gaps(pairs: Sequence[tuple[CellResult, CellResult]]) -> list[tuple[Ce
         if one is not None and two is not None:
             gaps.append((first, one, two, repeat_gap(one, two)))
     return gaps
+
+
+PINNED_MIN_CELLS = 4  # cells per stack the pinned check needs before it can vouch for that stack
+
+
+def ran_beside_others(result: CellResult) -> bool:
+    """Whether the cell was timed pinned to its own cores while other cells ran on the host."""
+    return result.timing is not None and result.timing.pinned and result.timing.neighbours > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PinnedCheck:
+    """One cell of the pinned check: its alone medians (each run alone), its median pinned beside
+    others, and how far the latter is from the mean of the former."""
+
+    cell_id: str
+    stack: str
+    alone: tuple[float, ...]
+    pinned: float
+
+    @property
+    def gap(self) -> float:
+        reference = float(np.mean(self.alone))
+        return abs(self.pinned - reference) / reference
+
+    @property
+    def agrees(self) -> bool:
+        return self.gap <= REPEAT_TOLERANCE
+
+
+def pinned_checks(pinned: Sequence[CellResult], alone: Sequence[CellResult]) -> list[PinnedCheck]:
+    """Every pinned-check cell that ran pinned beside another cell and has at least one alone run of
+    the same spec whose times may be published, set beside those alone runs."""
+    checks = []
+    for result in pinned:
+        times = steady_times(result)
+        twins = [steady_times(twin) for twin in alone if twin.spec == result.spec and not ran_beside_others(twin)]
+        medians = tuple(twin.median for twin in twins if twin is not None)
+        if times is not None and ran_beside_others(result) and medians:
+            checks.append(PinnedCheck(result.cell_id, result.stack, medians, times.median))
+    return checks
+
+
+def pinned_verdicts(checks: Sequence[PinnedCheck]) -> dict[str, bool]:
+    """Per stack the check covered: True when at least :data:`PINNED_MIN_CELLS` of its cells ran
+    pinned and every one of them times as alone (within 3%)."""
+    stacks = sorted({check.stack for check in checks})
+    return {stack: len(mine := [c for c in checks if c.stack == stack]) >= PINNED_MIN_CELLS and all(c.agrees for c in mine)
+            for stack in stacks}  # fmt: skip
+
