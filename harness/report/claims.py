@@ -313,8 +313,20 @@ def resolves(claim: Claim, evidence: Evidence) -> list[str]:
         return [f"search {claim.stack} · {claim.regime} · {name} on {claim.card}" for name in names
                 if find_search(evidence.searches, claim.stack, claim.regime, name, claim.card) is None]  # fmt: skip
     names = list(claim.backends) + ([claim.versus] if claim.versus else [])
+    planned = planned_cells()
     return [f"cell {claim.stack} · {claim.regime} · B={batch} · {name} on {claim.card}" for batch in claim.batches
-            for name in names if cell_of(evidence.cells, claim, batch, name) is None]  # fmt: skip
+            for name in names if cell_of(evidence.cells, claim, batch, name) is None
+            and (claim.stack, claim.regime, batch, name, claim.card) not in planned]  # fmt: skip
+
+
+def planned_cells() -> set[tuple[str, str, int, str, str]]:
+    """(stack, regime, batch, backend, card) of every training cell the published and our grids
+    plan: a claim whose cell is planned but not run yet waits for it, and says so."""
+    from harness.grid import load_grid
+
+    cells = [cell.spec for name in (data.PUBLISHED_GRID, "ours") for cell in load_grid(ROOT / "grids" / f"{name}.yaml")]
+    return {(spec.stack, spec.regime, spec.batch_size, data.backend_label(spec.variant, spec.score_mini_batch_size), spec.card)
+            for spec in cells}  # fmt: skip
 
 
 # ---- verdicts ------------------------------------------------------------------------------------
