@@ -298,13 +298,20 @@ def index_html(results: data.Results, grid: str, cells_dir: Path = CELLS_DIR, pa
             extra += [f"seed {result.seed}"] if result.seed != 42 else []
             outcome = result.outcome + (f" ({result.failure.replace('_', ' ')})" if result.failure else "")
             cells = [link, display.backend(result) + "".join(f" · {e}" for e in extra),
-                     result.card, outcome, _peak_gib(result), display.significant(result.steady_step_time_sec)]  # fmt: skip
+                     result.card, outcome, _peak_gib(result), _alone_time(result)]  # fmt: skip
             texts = [cells[0], *(html.escape(cell) for cell in cells[1:])]
             rows.append("<tr>" + "".join(f'<td style="{CELL_STYLE}">{text}</td>' for text in texts) + "</tr>")
-        names = ("notebook (batch)", "backend", "card", "outcome", "peak (GiB)", "s / step")
+        names = ("notebook (batch)", "backend", "card", "outcome", "peak (GiB)", "s / step (timed alone)")
         head = "".join(f'<th style="{CELL_STYLE}">{name}</th>' for name in names)
         parts.append(f'<table class="cells-index"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')
     return "\n".join(parts)
+
+
+def _alone_time(result: CellResult) -> str:
+    """The steady step time of a cell that was timed alone (the timing rule held and no other cell ran
+    on its host); "—" for any other: its notebook still shows what it measured, marked as such."""
+    alone = result.times_comparable and result.timing is not None and result.timing.neighbours == 0
+    return display.significant(result.steady_step_time_sec) if alone and result.steady_step_time_sec else "—"
 
 
 def index_counts(results: data.Results, grid: str) -> str:

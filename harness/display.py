@@ -124,6 +124,17 @@ def header_fields(result: CellResult) -> dict[str, str]:
     return {name: str(value) for name, value in rows.items() if value is not None}
 
 
+def timed_alone(result: CellResult) -> str:
+    """Whether the cell's times are the card's (the timing rule: its GPU and host to itself), in words."""
+    if result.timing is None:
+        return "no: measured before the timing rule (no record of what ran beside it)"
+    if not result.timing.comparable:
+        return f"no: {result.timing.reason}"
+    if result.timing.neighbours:
+        return f"beside {result.timing.neighbours} other cell(s) on other cores (counted only where the pinned check vouches)"
+    return "yes"
+
+
 def summary(result: CellResult) -> pd.DataFrame:
     """The cell's outcome, step peaks and steady step time as a one-column table."""
     failed = result.outcome != "ok"
@@ -139,6 +150,7 @@ def summary(result: CellResult) -> pd.DataFrame:
         "step peak reserved": mib_gib(result.step_peak_reserved_mib) or None,
         "reserved − allocated at peak (MiB)": mib(result.fragmentation_mib) or None,
         "steady step time (s)": seconds(result.steady_step_time_sec) or None,
+        "timed alone": timed_alone(result) if result.step_times_sec else None,
         "samples / s": significant(result.samples_per_sec) or None,
         "steady steps": integers(result.steady_steps) if result.step_times_sec else None,
         "steps that autotuned": integers(result.autotune_steps) if result.step_times_sec else None,

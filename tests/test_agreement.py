@@ -86,6 +86,28 @@ def test_training_verdicts_compare_each_backend_with_vanillas_cell(tmp_path):
     assert {r.variant for r in agreement.traced_cells(tmp_path)} == {"vanilla", "lik"}
 
 
+def test_a_diverged_run_is_not_judged_and_measures_no_noise_floor():
+    """A loss that became NaN or infinite: that backend is not compared (it says from which step), a
+    chunked vanilla that diverged sets no floor, and a floor of exactly 0 gives no ratio."""
+    def traced(variant, losses, chunk=None):
+        parity = Parity(reference="r", reference_cell_id="v", first_grad_cosine=0.99, final_weight_rel_diff=1e-4)
+        return make_result(grid="parity", stack="pylate", regime="grad-checkpoint", batch_size=128, variant=variant,
+                           score_mini_batch_size=chunk, trace=True, loss_per_step=losses,
+                           grad_norm_per_step=[1.0] * len(losses), parity=parity)  # fmt: skip
+
+    vanilla = traced("vanilla", [0.70, 0.69, 0.68])
+    diverged = traced("lik", [0.70, float("nan"), float("nan")])
+    chunked_nan = traced("vanilla", [0.70, float("inf"), 0.68], chunk=64)
+    assert agreement.noise_floors([vanilla, chunked_nan, diverged], None) == {}
+    lines = agreement.training_verdicts([vanilla, chunked_nan, diverged], published_max_gap=0.0039)
+    assert "**lik**: not compared (the loss is not finite: its from step 2)." in lines[1]
+    assert "not compared (the loss is not finite: its from step 2)" in lines[0]  # the chunked cell too
+    equal = traced("vanilla", [0.70, 0.69, 0.68], chunk=64)
+    far = traced("flash", [0.70, 0.70, 0.70])
+    judged = agreement.training_verdicts([vanilla, equal, far], published_max_gap=0.0039)
+    assert "**not the same model** — " in judged[1] and ": above the noise floor 0.0000 (vanilla chunked by 64)." in judged[1]
+
+
 def test_the_published_run_is_read_as_filed():
     published = agreement.published_run()
     table = agreement.published_table(published)

@@ -53,7 +53,7 @@ def test_every_planned_long_run_is_listed_with_how_it_ended(tmp_path):
 
     text = longrun.reading(runs)
     assert text.startswith("1 of the 2 long runs that ran trained every step at their batch")
-    assert "colpali-plain-b160-lik-h100-80gb ended oom after 12 of 20 steps" in text
+    assert "colpali-plain-b160-lik-h100-80gb ran out of memory after 12 of 20 steps, so its 8-step ceiling" in text
     assert "512 MiB (colpali-plain-b120-vanilla-h100-80gb)" in text and "1 more have not run yet" in text
     assert longrun.plot(runs) is not None
 

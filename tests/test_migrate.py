@@ -31,9 +31,9 @@ def git(*args):
 
 
 def migrated_version(path):
-    """The file at ``path`` as its migration to schema 2 committed it: a cell measured again later
+    """The file at ``path`` as its latest migration to schema 2 committed it: a cell measured again later
     (a schema-2 result of its own) replaces it in the working tree, not in history."""
-    for commit in git("log", "--reverse", "--format=%H", f"{V1_COMMIT}..HEAD", "--", path).stdout.split():
+    for commit in git("log", "--format=%H", f"{V1_COMMIT}..HEAD", "--", path).stdout.split():  # newest first
         shown = git("show", f"{commit}:{path}")
         if shown.returncode == 0 and '"migrated_from_schema": 1' in shown.stdout:
             return shown.stdout

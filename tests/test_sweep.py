@@ -501,3 +501,24 @@ def test_a_result_the_launcher_refuses_is_marked_crashed_with_the_reason(tmp_pat
     path.write_text('{"schema_version": 2}')
     assert "not a valid cell result" in launcher._own_result_or_why(path, cells[0])[1]
 
+
+
+def test_a_traced_cell_whose_reference_is_not_rerun_follows_the_result_it_has(tmp_path, monkeypatch):
+    """The vanilla reference already has a crash marker and is not run again (no --rerun-crashed): its
+    lik cell is not launched against whatever reference file is lying around."""
+    from harness.orchestrate import sweep
+
+    monkeypatch.setenv("MAXSIM_PARITY_DIR", str(tmp_path / "store"))
+    base = TrainSpec(stack="pylate", regime="plain", batch_size=2, steps=2, preset="tiny", device="cpu", trace=True)
+    specs = [with_fields(base), with_fields(base, variant="lik")]
+    cells = [GridCell("parity", spec, "pylate", "notebooks/pylate.ipynb") for spec in specs]
+    layout = Layout(tmp_path / "r", tmp_path / "c")
+    marker = layout.result_path(cells[0])
+    marker.parent.mkdir(parents=True)
+    write_result(CellResult.crashed(specs[0], "parity", "error", None, 1.0), marker)
+    launched: list[str] = []
+    monkeypatch.setattr(sweep, "launch", lambda cell, *rest: launched.append(cell.cell_id))
+    lines: list[str] = []
+    runs = sweep.run_sweep(cells, layout, echo=lines.append)
+    assert launched == [] and [(run.cell.cell_id, run.outcome) for run in runs] == [(specs[1].cell_id, "skipped")]
+    assert any("its vanilla reference ended crashed" in line for line in lines)

@@ -172,7 +172,8 @@ def _own_result_or_why(path: Path, cell: GridCell) -> tuple[CellResult | None, s
         return None, f"{path} is a result of grid {result.grid!r}, not {cell.grid!r}"
     if not admits(cell.spec, result.spec):
         differ = [field.name for field in spec_fields(result.spec.kind)
-                  if getattr(cell.spec, field.name, None) != getattr(result.spec, field.name)]  # fmt: skip
+                  if getattr(cell.spec, field.name, None) != getattr(result.spec, field.name)
+                  and not (field.name in ("preset", "device") and getattr(cell.spec, field.name) == "auto")]  # fmt: skip
         return None, f"{path} is a result of another spec (it differs in {', '.join(differ) or 'its kind'})"
     return result, ""
 

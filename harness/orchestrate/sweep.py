@@ -10,7 +10,8 @@ and seed, which must have finished first: the sweep runs such reference cells be
 and holds a traced cell back until its reference, if it runs in this sweep, has ended — however
 many workers start cells side by side. A reference about to run first removes the reference file an
 earlier run left (so nothing compares with a stale one), and a traced cell whose reference did not
-end ``ok`` in this sweep is not run (it is said, and stays missing for the next sweep).
+end ``ok`` — in this sweep, or in the result it already has when it is not run again — is not run (it
+is said, and stays missing for the next sweep).
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
     echo(f"{len(cells)} cells in the grid: {len(cells) - len(todo)} already have a result, {len(todo)} to run"
          + (f" on GPUs {', '.join(gpus)}" if gpus else " one after another"))  # fmt: skip
     todo, references = reference_first(todo)
+    for cell in cells:  # a reference that is not run again here stands as its result says
+        spec = _traced(cell)
+        if spec is not None and is_trace_reference(spec) and trace_reference_key(spec) not in references:
+            current = state(cell, layout)
+            ended = load_result(layout.result_path(cell)).outcome if current in ("done", "crashed") else current
+            references[trace_reference_key(spec)] = Reference(outcome=ended)
+            references[trace_reference_key(spec)].ended.set()
     runs: list[CellRun] = []
     lock = threading.Lock()
     started = time.perf_counter()
@@ -83,7 +91,8 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
                     echo(f"[{len(runs)}/{len(todo)}] {cell.cell_id}: not run — its vanilla reference ended"
                          f" {reference.outcome}, so there is nothing to compare with")  # fmt: skip
                 return
-        if reference is not None and is_reference:
+        if reference is not None and is_reference and traced.preset != "auto" and traced.device != "auto":  # type: ignore[union-attr]
+            # the file its run will write (grids name preset and device; an `auto` one resolves in the cell)
             trace_reference_path(traced).unlink(missing_ok=True)  # type: ignore[arg-type]
         with lock:
             echo(f"  start {cell.cell_id}" + (f" on GPU {slot}" if slot is not None else ""))

@@ -306,9 +306,10 @@ def published_gap(published: pd.DataFrame) -> float | None:
 
 def times_floor(row: dict[str, Any]) -> str:
     """How many times its noise floor a backend's largest loss gap is ("91×"); a floor of exactly 0
-    (the chunked sums came out bit-equal) gives no ratio, so the gap is said to be above it."""
+    (the chunked sums came out bit-equal) gives no ratio, so the gap is said to be "above" it. Gaps
+    are finite here: rows whose losses are not finite carry a ``why`` instead."""
     if not row["floor"]:
-        return "above (the floor is 0)" if row["max_gap"] > 0 else "at"
+        return "above" if row["max_gap"] > 0 else "at"
     return f"{row['max_gap'] / row['floor']:.0f}×"
 
 
@@ -323,6 +324,8 @@ def noise_floors(traced: list[Any], published_max_gap: float | None) -> dict[tup
         base = vanilla.get(key)
         if result.score_mini_batch_size and result.variant == "vanilla" and base is not None and result.outcome == "ok":
             gap = max(loss_gaps(result, base))
+            if not math.isfinite(gap):  # a run that diverged measures no noise floor
+                continue
             if key not in floors or gap > floors[key][0]:  # the widest drift, named by the chunk that drifted so
                 floors[key] = (gap, f"vanilla chunked by {result.score_mini_batch_size}")
     for result in traced:
@@ -335,6 +338,11 @@ def noise_floors(traced: list[Any], published_max_gap: float | None) -> dict[tup
 def _vanilla_cells(traced: list[Any]) -> dict[tuple[str, str, int], Any]:
     return {(r.stack, r.regime, r.batch_size): r for r in traced
             if r.variant == "vanilla" and r.score_mini_batch_size is None and r.outcome == "ok"}  # fmt: skip
+
+
+def _first_non_finite(losses: list[float]) -> int | None:
+    """The first step (1-based) whose loss is NaN or infinite; None when every loss is finite."""
+    return next((step for step, loss in enumerate(losses, start=1) if not math.isfinite(loss)), None)
 
 
 def training_rows(traced: list[Any], published_max_gap: float | None) -> list[dict[str, Any]]:
@@ -353,6 +361,12 @@ def training_rows(traced: list[Any], published_max_gap: float | None) -> list[di
         if result.outcome != "ok" or base is None or parity is None or parity.first_grad_cosine is None:
             row["why"] = (result.outcome if result.outcome != "ok" else "vanilla's cell is missing" if base is None
                           else parity.note if parity is not None else "no comparison recorded")  # fmt: skip
+            rows.append(row)
+            continue
+        series = (("vanilla's", base.loss_per_step), ("its", result.loss_per_step))
+        diverged = [f"{who} from step {step}" for who, losses in series if (step := _first_non_finite(losses)) is not None]
+        if diverged:  # a loss that is not finite has no gap to judge: the run diverged
+            row["why"] = "the loss is not finite: " + ", ".join(diverged)
             rows.append(row)
             continue
         gaps = loss_gaps(result, base)

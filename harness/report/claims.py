@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -319,14 +320,15 @@ def resolves(claim: Claim, evidence: Evidence) -> list[str]:
             and (claim.stack, claim.regime, batch, name, claim.card) not in planned]  # fmt: skip
 
 
-def planned_cells() -> set[tuple[str, str, int, str, str]]:
+@functools.cache
+def planned_cells() -> frozenset[tuple[str, str, int, str, str]]:
     """(stack, regime, batch, backend, card) of every training cell the published and our grids
     plan: a claim whose cell is planned but not run yet waits for it, and says so."""
     from harness.grid import load_grid
 
     cells = [cell.spec for name in (data.PUBLISHED_GRID, "ours") for cell in load_grid(ROOT / "grids" / f"{name}.yaml")]
-    return {(spec.stack, spec.regime, spec.batch_size, data.backend_label(spec.variant, spec.score_mini_batch_size), spec.card)
-            for spec in cells}  # fmt: skip
+    return frozenset((spec.stack, spec.regime, spec.batch_size, data.backend_label(spec.variant, spec.score_mini_batch_size),
+                      spec.card) for spec in cells)  # fmt: skip
 
 
 # ---- verdicts ------------------------------------------------------------------------------------
@@ -355,7 +357,9 @@ def waiting(ours: str, reason: str, waits_on: str) -> Verdict:
 
 
 def no_cell(claim: Claim, batch: int, backend: str) -> Verdict:
-    return waiting("—", f"not yet re-tested: no cell of ours at B={batch} with {backend}", "no cell")
+    planned = (claim.stack, claim.regime, batch, backend, claim.card) in planned_cells()
+    return waiting("—", f"not yet re-tested: no cell of ours at B={batch} with {backend}"
+                   + (" (our grid plans it; it has not run yet)" if planned else ""), "no cell")  # fmt: skip
 
 
 def memory_words(value_mib: float, unit: str, digits: int = 3) -> str:

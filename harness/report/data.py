@@ -391,10 +391,10 @@ def pinned(source: Source = None) -> list[timing.PinnedCheck]:
 
 
 def pinned_unvouched(results: Results, chosen: Sequence[Item]) -> dict[str, str]:
-    """Path → reason for every chosen result timed pinned beside other cells in a stack whose pinned
-    check has not shown that such cells time as alone."""
+    """Path → reason for every chosen result timed while other cells ran on the host (on other cores,
+    pinned or not) in a stack whose pinned check has not shown that such cells time as alone."""
     verdicts = timing.pinned_verdicts(pinned(results))
-    return {str(path): (f"pinned to its own cores beside {result.timing.neighbours} other cell(s), which the pinned "
+    return {str(path): (f"timed beside {result.timing.neighbours} other cell(s) on other cores, which the pinned "
                         f"check has not shown to time as alone for {result.stack}")
             for path, result in chosen
             if timing.ran_beside_others(result) and result.timing is not None and not verdicts.get(result.stack, False)}

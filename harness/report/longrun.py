@@ -89,7 +89,8 @@ def table(runs: Sequence[LongRun], searches: Sequence[SearchRow]) -> pd.DataFram
             continue
         reserved, fragmentation = result.step_peak_reserved_per_step_mib, result.fragmentation_per_step_mib
         grew, frag_grew = run.after_horizon(reserved), run.after_horizon(fragmentation)
-        outcome = "trained every step" if run.held else f"{result.outcome} at step {run.steps_trained + 1}"
+        outcome = ("trained every step" if run.held else f"oom at step {run.steps_trained + 1}" if result.outcome == "oom"
+                   else f"{result.outcome} (no memory verdict)")  # fmt: skip
         rows.append(row | {
             "steps": f"{run.steps_trained} of {spec.steps}", "outcome": outcome,
             "peak reserved (GiB)": "" if not reserved else f"{max(reserved) * GIB_PER_MIB:.2f}",
@@ -109,8 +110,12 @@ def reading(runs: Sequence[LongRun]) -> str:
     sentences = [f"{len(held)} of the {len(ran)} long runs that ran trained every step at their batch"]
     for run in failed:
         assert run.result is not None
-        sentences.append(f"{run.cell.cell_id} ended {run.result.outcome} after {run.steps_trained} of "
-                         f"{run.cell.spec.steps} steps, so its 8-step ceiling does not hold over a run")  # fmt: skip
+        if run.result.outcome == "oom":
+            sentences.append(f"{run.cell.cell_id} ran out of memory after {run.steps_trained} of {run.cell.spec.steps} "
+                             "steps, so its 8-step ceiling does not hold over a run")  # fmt: skip
+        else:
+            sentences.append(f"{run.cell.cell_id} ended {run.result.outcome} after {run.steps_trained} of "
+                             f"{run.cell.spec.steps} steps, which says nothing of its memory")  # fmt: skip
     growth = [(run, run.after_horizon(run.result.step_peak_reserved_per_step_mib)) for run in held if run.result]
     measured = [(run, grew) for run, grew in growth if grew is not None]
     if measured:

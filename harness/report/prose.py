@@ -819,8 +819,9 @@ def pinned_reading(checks: Sequence[timing.PinnedCheck]) -> str:
     side by side (the timing rule), in words."""
     if not checks:
         return (f"The pinned check (`grids/pinned-check.yaml`: {timing.PINNED_MIN_CELLS} cells per stack timed two at a "
-                "time on a two-GPU host, each pinned to its own cores) has not run yet, so no pinned side-by-side time "
-                "is published and every timed cell here ran alone.")  # fmt: skip
+                "time on a two-GPU host, each pinned to its own cores) has no cell yet that ran beside another and has "
+                "an alone run on the same host build, so no side-by-side time is published and every time shown here "
+                "is of a cell that ran alone.")  # fmt: skip
     parts = []
     for stack, vouched in timing.pinned_verdicts(checks).items():
         mine = [check for check in checks if check.stack == stack]
@@ -847,7 +848,7 @@ def repeat_hosts(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:
     for first, second in pairs:
         if first.cell_id in gaps and first.env is not None and second.env is not None:
             groups[first.env.platform == second.env.platform].append(gaps[first.cell_id])
-    parts = [f"{len(values)} {'on the same machine' if same else 'on two machines (another host kernel build)'}, "
+    parts = [f"{len(values)} {'on one host build (the same platform string)' if same else 'on two host builds'}, "
              f"medians apart by up to {100 * max(values):.1f}%" for same, values in groups.items() if values]  # fmt: skip
     if not parts:
         return ""

@@ -138,8 +138,9 @@ PINNED_MIN_CELLS = 4  # cells per stack the pinned check needs before it can vou
 
 
 def ran_beside_others(result: CellResult) -> bool:
-    """Whether the cell was timed pinned to its own cores while other cells ran on the host."""
-    return result.timing is not None and result.timing.pinned and result.timing.neighbours > 0
+    """Whether other cells ran on the host while the cell was timed (on other cores: a neighbour on
+    its own cores already makes its times not comparable), pinned by the launcher or not."""
+    return result.timing is not None and result.timing.neighbours > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,16 +164,23 @@ class PinnedCheck:
 
 
 def pinned_checks(pinned: Sequence[CellResult], alone: Sequence[CellResult]) -> list[PinnedCheck]:
-    """Every pinned-check cell that ran pinned beside another cell and has at least one alone run of
-    the same spec whose times may be published, set beside those alone runs."""
+    """Every pinned-check cell that ran beside another cell and has at least one alone run of the same
+    spec on the same host build whose times may be published, set beside those alone runs."""
     checks = []
     for result in pinned:
         times = steady_times(result)
-        twins = [steady_times(twin) for twin in alone if twin.spec == result.spec and not ran_beside_others(twin)]
+        # alone on the same host build (the platform string): another leased machine moves medians by
+        # more than the 3% asked (the repeat grid shows it), so only such twins can vouch
+        twins = [steady_times(twin) for twin in alone if twin.spec == result.spec and not ran_beside_others(twin)
+                 and _platform(twin) == _platform(result)]  # fmt: skip
         medians = tuple(twin.median for twin in twins if twin is not None)
         if times is not None and ran_beside_others(result) and medians:
             checks.append(PinnedCheck(result.cell_id, result.stack, medians, times.median))
     return checks
+
+
+def _platform(result: CellResult) -> str | None:
+    return None if result.env is None else result.env.platform
 
 
 def pinned_verdicts(checks: Sequence[PinnedCheck]) -> dict[str, bool]:
