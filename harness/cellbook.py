@@ -301,7 +301,7 @@ def index_html(results: data.Results, grid: str, cells_dir: Path = CELLS_DIR, pa
                      result.card, outcome, _peak_gib(result), _alone_time(result)]  # fmt: skip
             texts = [cells[0], *(html.escape(cell) for cell in cells[1:])]
             rows.append("<tr>" + "".join(f'<td style="{CELL_STYLE}">{text}</td>' for text in texts) + "</tr>")
-        names = ("notebook (batch)", "backend", "card", "outcome", "peak (GiB)", "s / step (timed alone)")
+        names = ("notebook (batch)", "backend", "card", "outcome", "peak (GiB)", "s / step")
         head = "".join(f'<th style="{CELL_STYLE}">{name}</th>' for name in names)
         parts.append(f'<table class="cells-index"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')
     return "\n".join(parts)
