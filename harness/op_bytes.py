@@ -44,3 +44,15 @@ def pylate_scores(query_shape: Sequence[int], doc_shape: Sequence[int], itemsize
     transient = 2 * slot_grid + doc_copy + (slots - 1) * kept_per_slot
     held = slots * (doc_copy + bq * bd * lq * INDEX_BYTES) + bq * bd * slots * itemsize  # + stacked scores
     return OpBytes(slots * slot_grid, transient, held)
+
+
+def gathered(stack: str, query_shape: Sequence[int], doc_shape: Sequence[int], itemsize: int, world: int) -> OpBytes:
+    """One rank's vanilla op when documents are gathered across ``world`` ranks (PyLate's
+    ``Contrastive(gather_across_devices=True)``, colpali-engine's ContrastiveTrainer under
+    torch.distributed): its ``B`` local queries score every rank's documents, ``[B·world, …]``, so
+    the grid grows with the world size while the queries (and the encoder) stay per rank."""
+    if world < 1:
+        raise ValueError(f"world size {world}: must be at least 1")
+    docs = [doc_shape[0] * world, *doc_shape[1:]]
+    return colpali_inbatch(query_shape, docs, itemsize) if stack == "colpali" else pylate_scores(query_shape, docs, itemsize)
+

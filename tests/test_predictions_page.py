@@ -52,3 +52,26 @@ def test_the_lengths_sentence_names_what_the_committed_steps_saw():
     lengths = data.query_lengths(stack="colpali")
     assert f"queries of {lengths['query_tokens'].min()}–{lengths['query_tokens'].max()} tokens" in text
     assert "pylate: queries of 48 tokens, documents of 300" in text  # PyLate pads to fixed lengths
+
+
+def test_gathered_negatives_scale_each_ranks_vanilla_grid_with_the_world_size():
+    """At W = 1 the formula is the replays' own (within 2 MiB of every committed vanilla replay on the
+    whole H200); gathering W ranks' documents multiplies one rank's op forward by exactly W."""
+    import pytest
+
+    from harness import op_bytes
+    from harness.report import data, predictions
+
+    rows = predictions.gathered_rows(data.load()[1])
+    assert {(row["stack"], row["regime"]) for row in rows} >= {("colpali", "plain"), ("pylate", "grad-checkpoint")}
+    for row in rows:
+        assert abs(row["forward_mib"][1] - row["measured_mib"]) <= 2.0, row
+        for world in predictions.GATHER_WORLDS:
+            assert row["forward_mib"][world] == pytest.approx(world * row["forward_mib"][1], rel=1e-12)
+    text = predictions.gathered_reading(rows)
+    assert text.startswith("At W = 1 the formula gives every replay's forward peak within") and "not measurements" in text
+    with pytest.raises(ValueError, match="world size 0"):
+        op_bytes.gathered("colpali", [4, 8, 16], [4, 30, 16], 4, 0)
+    table = predictions.gathered_table(rows, "colpali", "plain")
+    assert list(table.columns)[-4:] == ["W = 1", "W = 2", "W = 4", "W = 8"]
+    assert list(table["local batch"]) == sorted(table["local batch"])

@@ -179,3 +179,70 @@ def length_coverage(source: data.Source = None) -> str:
                  "cannot tell a document token from a query token or from a cost per sample: a prediction for other "
                  "lengths extrapolates with one coefficient per token.")  # fmt: skip
     return text
+
+
+GATHER_WORLDS = (1, 2, 4, 8)
+MIB = 1024 * 1024
+
+
+def gathered_rows(calls: pd.DataFrame, worlds: tuple[int, ...] = GATHER_WORLDS) -> list[dict[str, Any]]:
+    """Per training recipe and local batch (the vanilla replay with the largest forward, on the whole
+    H200): the peak of one rank's vanilla op forward (above its inputs; for ColQwen2 also what it
+    holds for backward) with documents gathered across W ranks, predicted by
+    :func:`harness.op_bytes.gathered` from the recorded shapes, beside what the replay measured at
+    W = 1."""
+    from harness import op_bytes
+
+    if calls.empty:
+        return []
+    vanilla = calls[(calls["stack"].isin(["colpali", "pylate"])) & (calls["backend"] == "vanilla") & (calls["card"] == "native")
+                    & ~calls["oom_in_replay"].astype(bool) & calls["forward_transient_peak_mib"].notna()]  # fmt: skip
+    rows = []
+    for _, group in vanilla.groupby(["stack", "regime", "batch_size"], sort=True):
+        call = group.sort_values("forward_transient_peak_mib").iloc[-1]
+        stack, regime, batch = str(call["stack"]), str(call["regime"]), int(call["batch_size"])
+        itemsize = op_bytes.ITEMSIZE[call["dtype"]]
+        forward = {world: op_bytes.gathered(stack, call["query_shape"], call["doc_shape"], itemsize, world).forward_transient
+                   / MIB for world in worlds}  # fmt: skip
+        rows.append({"stack": stack, "regime": regime, "batch": int(batch), "query_shape": list(call["query_shape"]),
+                     "doc_shape": list(call["doc_shape"]), "measured_mib": float(call["forward_transient_peak_mib"]),
+                     "forward_mib": forward})  # fmt: skip
+    return rows
+
+
+def gathered_recipes(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return sorted({(row["stack"], row["regime"]) for row in rows})
+
+
+def gathered_table(rows: list[dict[str, Any]], stack: str, regime: str) -> pd.DataFrame:
+    """One recipe's rows of :func:`gathered_rows`: the GiB of one rank's vanilla op forward per world
+    size (predicted), the W = 1 replay beside its prediction."""
+    table = []
+    for row in sorted((row for row in rows if (row["stack"], row["regime"]) == (stack, regime)), key=lambda r: r["batch"]):
+        entry = {"local batch": row["batch"], "queries × documents (per rank, W = 1)":
+                 nowrap(f"{'×'.join(map(str, row['query_shape']))} · {'×'.join(map(str, row['doc_shape']))}"),
+                 "measured W = 1": f"{row['measured_mib'] / 1024:.2f}"}  # fmt: skip
+        entry |= {f"W = {world}": f"{mib / 1024:.2f}" for world, mib in row["forward_mib"].items()}
+        table.append(entry)
+    return pd.DataFrame(table)
+
+
+def gathered_reading(rows: list[dict[str, Any]], card: str = "h100-80gb") -> str:
+    """How far the W = 1 predictions are from the replays, and where one rank's vanilla op alone would
+    pass an 80 GB card's usable memory, in words."""
+    if not rows:
+        return "No vanilla replay on the whole H200 is committed yet, so there is nothing to scale."
+    usable = CARDS[card].usable_gib
+    worst = max(abs(row["forward_mib"][1] - row["measured_mib"]) for row in rows if 1 in row["forward_mib"])
+    parts = []
+    for row in rows:
+        over = [world for world, mib in row["forward_mib"].items() if mib / 1024 > usable]
+        if over:
+            parts.append(f"{row['stack']} {row['regime']} at a local batch of {row['batch']} from W = {over[0]}")
+    text = (f"At W = 1 the formula gives every replay's forward peak within {worst:.1f} MiB. With documents gathered, "
+            "one rank's vanilla grid grows in proportion to W (its queries and its encoder do not)")
+    if parts:
+        text += (f"; the op's forward alone would need more than the {usable:.2f} GiB an 80 GB card gives PyTorch "
+                 "for " + ", ".join(parts))
+    return text + ". These are predictions from one formula, not measurements: no multi-GPU cell has run yet."
+
