@@ -73,5 +73,5 @@ def test_gathered_negatives_scale_each_ranks_vanilla_grid_with_the_world_size():
     with pytest.raises(ValueError, match="world size 0"):
         op_bytes.gathered("colpali", [4, 8, 16], [4, 30, 16], 4, 0)
     table = predictions.gathered_table(rows, "colpali", "plain")
-    assert list(table.columns)[-4:] == ["W = 1", "W = 2", "W = 4", "W = 8"]
+    assert list(table.columns)[-4:] == ["W=1", "W=2", "W=4", "W=8"]
     assert list(table["local batch"]) == sorted(table["local batch"])

@@ -62,7 +62,7 @@ def validation_tables(document: dict[str, Any], allocator: str = "default") -> d
         else:
             verdict = "within goal" if row["within_goal"] else f"misses: {row['wrong_term']}"
         tables.setdefault(f"{row['stack']} · {row['regime']}", []).append({
-            "backend": nowrap(row["backend"]), "card": nowrap(_card(row["card"])),
+            "backend": nowrap(style.short(row["backend"])), "card": nowrap(_card(row["card"])),
             "measured": nowrap(measured).replace("–", "–\u2060"), "resolution": row["resolution"], "predicted": predicted,
             "error": "" if row["error_fraction"] is None else percent(100 * row["error_fraction"], "+.0f"),
             "verdict": verdict,
@@ -219,10 +219,10 @@ def gathered_table(rows: list[dict[str, Any]], stack: str, regime: str) -> pd.Da
     size (predicted), the W = 1 replay beside its prediction."""
     table = []
     for row in sorted((row for row in rows if (row["stack"], row["regime"]) == (stack, regime)), key=lambda r: r["batch"]):
-        entry = {"local batch": row["batch"], "queries × documents (per rank, W = 1)":
+        entry = {"local batch": row["batch"], "queries · documents per rank (W=1)":
                  nowrap(f"{'×'.join(map(str, row['query_shape']))} · {'×'.join(map(str, row['doc_shape']))}"),
-                 "measured W = 1": f"{row['measured_mib'] / 1024:.2f}"}  # fmt: skip
-        entry |= {f"W = {world}": f"{mib / 1024:.2f}" for world, mib in row["forward_mib"].items()}
+                 "measured, W=1": f"{row['measured_mib'] / 1024:.2f}"}  # fmt: skip
+        entry |= {f"W={world}": f"{mib / 1024:.2f}" for world, mib in row["forward_mib"].items()}
         table.append(entry)
     return pd.DataFrame(table)
 
