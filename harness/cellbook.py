@@ -310,8 +310,7 @@ def index_html(results: data.Results, grid: str, cells_dir: Path = CELLS_DIR, pa
 def _alone_time(result: CellResult) -> str:
     """The steady step time of a cell that was timed alone (the timing rule held and no other cell ran
     on its host); "—" for any other: its notebook still shows what it measured, marked as such."""
-    alone = result.times_comparable and result.timing is not None and result.timing.neighbours == 0
-    return display.significant(result.steady_step_time_sec) if alone and result.steady_step_time_sec else "—"
+    return display.significant(result.steady_step_time_sec) if result.timed_alone and result.steady_step_time_sec else "—"
 
 
 def index_counts(results: data.Results, grid: str) -> str:

@@ -130,7 +130,7 @@ def timed_alone(result: CellResult) -> str:
         return "no: measured before the timing rule (no record of what ran beside it)"
     if not result.timing.comparable:
         return f"no: {result.timing.reason}"
-    if result.timing.neighbours:
+    if result.ran_beside_others:
         return f"beside {result.timing.neighbours} other cell(s) on other cores (counted only where the pinned check vouches)"
     return "yes"
 

@@ -84,8 +84,7 @@ class CallBytes:
 
 def vanilla_call_bytes(stack: str, query_shape: Sequence[int], doc_shape: Sequence[int], dtype: str = "float32") -> CallBytes:
     """The analytic vanilla bytes of one call (:mod:`harness.op_bytes`, as the replays are predicted)."""
-    formula = op_bytes.colpali_inbatch if stack == "colpali" else op_bytes.pylate_scores
-    bytes_ = formula(query_shape, doc_shape, op_bytes.ITEMSIZE[dtype])
+    bytes_ = op_bytes.formula(stack)(query_shape, doc_shape, op_bytes.ITEMSIZE[dtype])
     return CallBytes(bytes_.forward_transient, bytes_.held)
 
 

@@ -16,7 +16,7 @@ the last slot's mask multiply on top of what earlier slots keep.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 INDEX_BYTES = 8  # max's int64 indices
@@ -46,6 +46,11 @@ def pylate_scores(query_shape: Sequence[int], doc_shape: Sequence[int], itemsize
     return OpBytes(slots * slot_grid, transient, held)
 
 
+def formula(stack: str) -> Callable[[Sequence[int], Sequence[int], int], OpBytes]:
+    """The vanilla op's formula of a stack: ColQwen2's in-batch MaxSim or PyLate's ColBERT scores."""
+    return colpali_inbatch if stack == "colpali" else pylate_scores
+
+
 def gathered(stack: str, query_shape: Sequence[int], doc_shape: Sequence[int], itemsize: int, world: int) -> OpBytes:
     """One rank's vanilla op when documents are gathered across ``world`` ranks (PyLate's
     ``Contrastive(gather_across_devices=True)``, colpali-engine's ContrastiveTrainer under
@@ -54,5 +59,5 @@ def gathered(stack: str, query_shape: Sequence[int], doc_shape: Sequence[int], i
     if world < 1:
         raise ValueError(f"world size {world}: must be at least 1")
     docs = [doc_shape[0] * world, *doc_shape[1:]]
-    return colpali_inbatch(query_shape, docs, itemsize) if stack == "colpali" else pylate_scores(query_shape, docs, itemsize)
+    return formula(stack)(query_shape, docs, itemsize)
 

@@ -219,6 +219,17 @@ class CellResult(_Record):
         """Whether this result's step times are the card's (the timing rule held while it trained)."""
         return self.timing is not None and self.timing.comparable
 
+    @property
+    def ran_beside_others(self) -> bool:
+        """Whether other cells ran on the host while it was timed (on other cores: a neighbour on its
+        own cores already makes its times not comparable), pinned by the launcher or not."""
+        return self.timing is not None and self.timing.neighbours > 0
+
+    @property
+    def timed_alone(self) -> bool:
+        """Comparable times taken with the host to itself (no pinned check needed to publish them)."""
+        return self.times_comparable and not self.ran_beside_others
+
     @model_validator(mode="after")
     def _identity_and_fragmentation(self) -> CellResult:
         if self.cell_id != self.spec.cell_id:

@@ -487,13 +487,17 @@ def from_notebook(stack_name: str, namespace: Mapping[str, Any]) -> CellSpec:
     return make_spec(fields)
 
 
-def admits(planned: CellSpec, ran: CellSpec) -> bool:
-    """Whether a cell that ran as ``ran`` is the cell ``planned`` asked for: every field equal, where
-    ``planned`` left ``preset`` or ``device`` to ``auto`` any resolution of it counts."""
+def differences(planned: CellSpec, ran: CellSpec) -> list[str]:
+    """The fields in which a cell that ran as ``ran`` is not the cell ``planned`` asked for (``kind``
+    alone for specs of different kinds); where ``planned`` left ``preset`` or ``device`` to ``auto``,
+    any resolution of it counts."""
     if type(planned) is not type(ran):
-        return False
-    for field in spec_fields(planned.kind):
-        want, got = getattr(planned, field.name), getattr(ran, field.name)
-        if want != got and not (field.name in ("preset", "device") and want == "auto"):
-            return False
-    return True
+        return ["kind"]
+    return [field.name for field in spec_fields(planned.kind)
+            if getattr(planned, field.name) != getattr(ran, field.name)
+            and not (field.name in ("preset", "device") and getattr(planned, field.name) == "auto")]  # fmt: skip
+
+
+def admits(planned: CellSpec, ran: CellSpec) -> bool:
+    """Whether a cell that ran as ``ran`` is the cell ``planned`` asked for (:func:`differences`)."""
+    return not differences(planned, ran)

@@ -26,7 +26,7 @@ from harness import allocator, host
 from harness.grid import GridCell
 from harness.orchestrate.pool import Gate, cell_environment
 from harness.results import CellResult, Failure, ResultError, load_result, write_result
-from harness.spec import STACKS, admits, notebook_parameters, spec_fields
+from harness.spec import STACKS, differences, notebook_parameters
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 KERNEL_START_ATTEMPTS = 3
@@ -170,11 +170,9 @@ def _own_result_or_why(path: Path, cell: GridCell) -> tuple[CellResult | None, s
         return None, str(error)
     if result.grid != cell.grid:
         return None, f"{path} is a result of grid {result.grid!r}, not {cell.grid!r}"
-    if not admits(cell.spec, result.spec):
-        differ = [field.name for field in spec_fields(result.spec.kind)
-                  if getattr(cell.spec, field.name, None) != getattr(result.spec, field.name)
-                  and not (field.name in ("preset", "device") and getattr(cell.spec, field.name) == "auto")]  # fmt: skip
-        return None, f"{path} is a result of another spec (it differs in {', '.join(differ) or 'its kind'})"
+    differ = differences(cell.spec, result.spec)
+    if differ:
+        return None, f"{path} is a result of another spec (it differs in {', '.join(differ)})"
     return result, ""
 
 

@@ -70,9 +70,7 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
     for cell in cells:  # a reference that is not run again here stands as its result says
         spec = _traced(cell)
         if spec is not None and is_trace_reference(spec) and trace_reference_key(spec) not in references:
-            current = state(cell, layout)
-            ended = load_result(layout.result_path(cell)).outcome if current in ("done", "crashed") else current
-            references[trace_reference_key(spec)] = Reference(outcome=ended)
+            references[trace_reference_key(spec)] = Reference(outcome=standing(cell, layout))
             references[trace_reference_key(spec)].ended.set()
     runs: list[CellRun] = []
     lock = threading.Lock()
@@ -115,12 +113,17 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
     return runs
 
 
+def standing(cell: GridCell, layout: Layout) -> str:
+    """How a cell stands: its result's outcome (ok, oom, crashed), else ``missing`` or ``broken``."""
+    current = state(cell, layout)
+    return load_result(layout.result_path(cell)).outcome if current in ("done", "crashed") else current
+
+
 def summary(cells: Sequence[GridCell], layout: Layout, seconds: float) -> str:
     lines = [f"sweep finished in {seconds:.0f}s"]
     counts: dict[str, int] = {}
     for cell in cells:
-        current = state(cell, layout)
-        outcome = load_result(layout.result_path(cell)).outcome if current in ("done", "crashed") else current
+        outcome = standing(cell, layout)
         counts[outcome] = counts.get(outcome, 0) + 1
         lines.append(f"  {outcome:8s} {cell.cell_id}")
     lines.insert(1, "  " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())))

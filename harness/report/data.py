@@ -397,7 +397,7 @@ def pinned_unvouched(results: Results, chosen: Sequence[Item]) -> dict[str, str]
     return {str(path): (f"timed beside {result.timing.neighbours} other cell(s) on other cores, which the pinned "
                         f"check has not shown to time as alone for {result.stack}")
             for path, result in chosen
-            if timing.ran_beside_others(result) and result.timing is not None and not verdicts.get(result.stack, False)}
+            if result.ran_beside_others and result.timing is not None and not verdicts.get(result.stack, False)}
 
 
 def repeats(source: Source = None) -> list[tuple[CellResult, CellResult]]:

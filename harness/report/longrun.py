@@ -19,7 +19,7 @@ from matplotlib.ticker import MaxNLocator
 
 from harness.grid import GridCell, load_grid
 from harness.report import style
-from harness.report.data import GIB_PER_MIB, LONG_RUN, Results, SearchRow, backend_label
+from harness.report.data import GIB_PER_MIB, LONG_RUN, Results, SearchRow, backend_label, find_search
 from harness.report.text import card_short
 from harness.results import CellResult
 
@@ -66,12 +66,10 @@ def long_runs(results: Results, grid_file: Path = GRID_FILE) -> list[LongRun]:
 
 def _ceiling_of(run: LongRun, searches: Sequence[SearchRow]) -> str:
     spec = run.cell.spec
-    for row in searches:
-        same = (row.stack, row.regime, row.card, row.allocator, row.backend) == (
-            spec.stack, spec.regime, spec.card, spec.allocator, run.backend)  # fmt: skip
-        if same and row.probes > 0:
-            return str(row.fits) if row.done and row.fits is not None else "not settled"
-    return "no search"
+    row = find_search(searches, spec.stack, spec.regime, run.backend, spec.card, spec.allocator)
+    if row is None or row.probes == 0:
+        return "no search"
+    return str(row.fits) if row.done and row.fits is not None else "not settled"
 
 
 def table(runs: Sequence[LongRun], searches: Sequence[SearchRow]) -> pd.DataFrame:

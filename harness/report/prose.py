@@ -847,7 +847,7 @@ def repeat_hosts(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:
     groups: dict[bool, list[float]] = {True: [], False: []}
     for first, second in pairs:
         if first.cell_id in gaps and first.env is not None and second.env is not None:
-            groups[first.env.platform == second.env.platform].append(gaps[first.cell_id])
+            groups[timing.same_host_build(first, second)].append(gaps[first.cell_id])
     parts = [f"{len(values)} {'on one host build (the same platform string)' if same else 'on two host builds'}, "
              f"medians apart by up to {100 * max(values):.1f}%" for same, values in groups.items() if values]  # fmt: skip
     if not parts:

@@ -137,10 +137,9 @@ def repeat_gaps(pairs: Sequence[tuple[CellResult, CellResult]]) -> list[tuple[Ce
 PINNED_MIN_CELLS = 4  # cells per stack the pinned check needs before it can vouch for that stack
 
 
-def ran_beside_others(result: CellResult) -> bool:
-    """Whether other cells ran on the host while the cell was timed (on other cores: a neighbour on
-    its own cores already makes its times not comparable), pinned by the launcher or not."""
-    return result.timing is not None and result.timing.neighbours > 0
+def same_host_build(first: CellResult, second: CellResult) -> bool:
+    """Whether two results ran on one host build (the same platform string: kernel build and image)."""
+    return first.env is not None and second.env is not None and first.env.platform == second.env.platform
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,16 +170,12 @@ def pinned_checks(pinned: Sequence[CellResult], alone: Sequence[CellResult]) -> 
         times = steady_times(result)
         # alone on the same host build (the platform string): another leased machine moves medians by
         # more than the 3% asked (the repeat grid shows it), so only such twins can vouch
-        twins = [steady_times(twin) for twin in alone if twin.spec == result.spec and not ran_beside_others(twin)
-                 and _platform(twin) == _platform(result)]  # fmt: skip
+        twins = [steady_times(twin) for twin in alone if twin.spec == result.spec and twin.timed_alone
+                 and same_host_build(twin, result)]  # fmt: skip
         medians = tuple(twin.median for twin in twins if twin is not None)
-        if times is not None and ran_beside_others(result) and medians:
+        if times is not None and result.ran_beside_others and medians:
             checks.append(PinnedCheck(result.cell_id, result.stack, medians, times.median))
     return checks
-
-
-def _platform(result: CellResult) -> str | None:
-    return None if result.env is None else result.env.platform
 
 
 def pinned_verdicts(checks: Sequence[PinnedCheck]) -> dict[str, bool]:
