@@ -53,9 +53,9 @@ def test_training_verdicts_compare_each_backend_with_vanillas_cell(tmp_path):
     waiting = traced("flash", [0.70, 0.69, 0.68], Parity(reference="r", note="no reference at x"))
     lines = agreement.training_verdicts([vanilla, close, waiting], published_max_gap=0.0039)
     assert lines[0] == ("pylate · grad-checkpoint · B=128 · **lik**: **the same model** — largest |Δloss| against "
-                        "vanilla over 3 steps 0.0010 (mean 0.0007); first-step gradient cosine 0.999876; final weights "
-                        "2.0e-04 of their norm apart, within the noise floor 0.0039 (the published run's lik against "
-                        "torch).")  # fmt: skip
+                        "vanilla over 3 steps 0.0010 (mean 0.0007), within the noise floor 0.0039 (the published run's "
+                        "lik against torch); first-step gradient cosine 0.999876; final weights 2.0e-04 of their norm "
+                        "apart.")  # fmt: skip
     assert lines[1] == "pylate · grad-checkpoint · B=128 · **flash**: not compared (no reference at x)."
     far = traced("lik", [0.70, 0.75, 0.80], close.parity)
     assert "**not the same model** — largest |Δloss| against vanilla over 3 steps 0.1200" in \
@@ -86,26 +86,51 @@ def test_training_verdicts_compare_each_backend_with_vanillas_cell(tmp_path):
     assert {r.variant for r in agreement.traced_cells(tmp_path)} == {"vanilla", "lik"}
 
 
-def test_a_diverged_run_is_not_judged_and_measures_no_noise_floor():
-    """A loss that became NaN or infinite: that backend is not compared (it says from which step), a
-    chunked vanilla that diverged sets no floor, and a floor of exactly 0 gives no ratio."""
-    def traced(variant, losses, chunk=None):
-        parity = Parity(reference="r", reference_cell_id="v", first_grad_cosine=0.99, final_weight_rel_diff=1e-4)
+def test_a_diverged_run_is_judged_before_it_diverged_and_measures_no_noise_floor():
+    """A loss or gradient that became NaN or infinite: the losses compare over the steps both runs
+    trained on finite weights; a backend that diverges where vanilla does not is not the same model; a
+    vanilla that diverges is said, and at the same step as the backend the backend is still judged; a
+    diverged chunked vanilla sets no floor, and a floor of exactly 0 gives no ratio."""
+    nan, inf = float("nan"), float("inf")
+
+    def traced(variant, losses, chunk=None, grads=None, weights=1e-4):
+        parity = Parity(reference="r", reference_cell_id="v", first_grad_cosine=0.99, final_weight_rel_diff=weights)
         return make_result(grid="parity", stack="pylate", regime="grad-checkpoint", batch_size=128, variant=variant,
                            score_mini_batch_size=chunk, trace=True, loss_per_step=losses,
-                           grad_norm_per_step=[1.0] * len(losses), parity=parity)  # fmt: skip
+                           grad_norm_per_step=grads or [1.0] * len(losses), parity=parity)  # fmt: skip
 
     vanilla = traced("vanilla", [0.70, 0.69, 0.68])
-    diverged = traced("lik", [0.70, float("nan"), float("nan")])
-    chunked_nan = traced("vanilla", [0.70, float("inf"), 0.68], chunk=64)
+    diverged = traced("lik", [0.70, nan, nan])
+    chunked_nan = traced("vanilla", [0.70, inf, 0.68], chunk=64)
+    assert agreement.finite_steps(diverged) == 1 and agreement.finite_steps(vanilla) == 3
     assert agreement.noise_floors([vanilla, chunked_nan, diverged], None) == {}
     lines = agreement.training_verdicts([vanilla, chunked_nan, diverged], published_max_gap=0.0039)
-    assert "**lik**: not compared (the loss is not finite: its from step 2)." in lines[1]
-    assert "not compared (the loss is not finite: its from step 2)" in lines[0]  # the chunked cell too
+    assert lines[1].startswith("pylate · grad-checkpoint · B=128 · **lik**: **not the same model** — largest |Δloss| "
+                               "against vanilla over 1 steps 0.0000 (mean 0.0000), within the noise floor 0.0039")
+    assert lines[1].endswith("It diverges where vanilla does not (loss not finite from step 2).")
+    assert "**not the same model**" in lines[0] and "noise floor:" not in lines[0]  # the chunked cell is no floor
+    # vanilla's gradient turns NaN at step 2 (its loss at step 3), lik's gradient too: the same step
+    both_v = traced("vanilla", [0.70, 0.69, nan], grads=[1.0, nan, nan], weights=None)
+    both_l = traced("lik", [0.70, 0.6905, 0.6931], grads=[1.0, nan, nan], weights=nan)
+    assert agreement.divergence(both_v) == "gradient not finite from step 2, loss from step 3"
+    judged = agreement.training_verdicts([both_v, both_l], published_max_gap=0.0039)
+    assert judged[0] == ("pylate · grad-checkpoint · B=128 · **lik**: **the same model** — largest |Δloss| against "
+                         "vanilla over 2 steps 0.0005 (mean 0.0003), within the noise floor 0.0039 (the published run's "
+                         "lik against torch); first-step gradient cosine 0.990000; final weights not finite. Vanilla "
+                         "diverges too, at the same step (gradient not finite from step 2, loss from step 3): compared "
+                         "over the 2 steps before.")  # fmt: skip
+    assert judged[1] == ("pylate · grad-checkpoint · B=128 · **vanilla** (the reference) diverges: gradient not finite "
+                         "from step 2, loss from step 3.")  # fmt: skip
+    table = agreement.training_table([both_v, both_l], 0.0039)
+    assert [v.replace("\u00a0", " ") for v in table["loss, first → last"]] == \
+        ["0.7000 → 0.6900 (step 2; diverges)", "0.7000 → 0.6905 (step 2; diverges)"]
+    assert list(table["final ‖Δθ‖/‖θ‖"]) == ["", "not finite"]
+    ((title, curves),) = agreement.loss_curves([both_v, both_l])
+    assert title.endswith("B=128 · diverges after step 2") and {len(c) for c in curves.values()} == {2}
     equal = traced("vanilla", [0.70, 0.69, 0.68], chunk=64)
     far = traced("flash", [0.70, 0.70, 0.70])
     judged = agreement.training_verdicts([vanilla, equal, far], published_max_gap=0.0039)
-    assert "**not the same model** — " in judged[1] and ": above the noise floor 0.0000 (vanilla chunked by 64)." in judged[1]
+    assert "**not the same model** — " in judged[1] and ": above the noise floor 0.0000 (vanilla chunked by 64);" in judged[1]
 
 
 def test_the_published_run_is_read_as_filed():

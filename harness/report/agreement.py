@@ -255,20 +255,25 @@ def training_table(traced: list[Any], published_max_gap: float | None = None) ->
         for backend in style.in_order(set(backends)):
             result = backends[backend]
             losses = result.loss_per_step
-            gaps = loss_gaps(result, vanilla) if vanilla is not None and backend != "vanilla" else []
+            gaps = (loss_gaps(result, vanilla)[:min(finite_steps(result), finite_steps(vanilla))]
+                    if vanilla is not None and backend != "vanilla" else [])  # fmt: skip
             parity = result.parity
             row = judged.get((stack, regime, batch, backend), {})
-            verdict = ("the reference" if backend == "vanilla" else f"not compared: {row['why']}" if "why" in row
+            verdict = ("the reference" if backend == "vanilla" else "not compared" if "why" in row
                        else "noise floor" if row.get("is_floor") else "same model" if row.get("same")
                        else "not the same" if row.get("floor") is not None else "")  # fmt: skip
+            finite = finite_steps(result)
+            last = ("—" if not losses else f"{losses[-1]:.4f}" if finite == len(losses)
+                    else f"{losses[finite - 1]:.4f} (step {finite}; diverges)" if finite else "diverges")  # fmt: skip
+            weights = None if parity is None else parity.final_weight_rel_diff
             rows.append({
                 "stack · regime": f"{stack} · {regime}", "batch": batch, "backend": nowrap(style.short(backend)),
-                "loss, first → last": "—" if not losses else nowrap(f"{losses[0]:.4f} → {losses[-1]:.4f}"),
+                "loss, first → last": "—" if not losses else nowrap(f"{losses[0]:.4f} → {last}"),
                 "|Δloss| max / mean": nowrap(f"{max(gaps):.4f} / {sum(gaps) / len(gaps):.4f}") if gaps else "",
                 "step-1 grad. cosine": "" if parity is None or parity.first_grad_cosine is None
                 else f"{parity.first_grad_cosine:.6f}",
-                "final ‖Δθ‖/‖θ‖": "" if parity is None or parity.final_weight_rel_diff is None
-                else _exponent(parity.final_weight_rel_diff),
+                "final ‖Δθ‖/‖θ‖": "" if weights is None else _exponent(weights) if math.isfinite(weights)
+                else "not finite",
                 "verdict": nowrap(verdict) if verdict else "",
             })  # fmt: skip
     return pd.DataFrame(rows)
@@ -291,11 +296,17 @@ def training_tables(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
 def loss_curves(traced: list[Any]) -> list[tuple[str, dict[str, list[float]]]]:
     """Per stack, regime and batch (a panel title), every backend's loss at each step."""
     panels: dict[tuple[str, str, int], dict[str, list[float]]] = {}
+    diverged: dict[tuple[str, str, int], int] = {}
     for result in traced:
         if result.outcome == "ok" and result.loss_per_step:
             key = (result.stack, result.regime, result.batch_size)
-            panels.setdefault(key, {})[backend_label(result.variant, result.score_mini_batch_size)] = result.loss_per_step
-    return [(f"{stack} · {regime} · B={batch}", curves) for (stack, regime, batch), curves in sorted(panels.items())]
+            finite = finite_steps(result)  # a curve stops where its run diverged
+            panels.setdefault(key, {})[backend_label(result.variant, result.score_mini_batch_size)] = \
+                result.loss_per_step[:finite]
+            if finite < len(result.loss_per_step):
+                diverged[key] = min(diverged.get(key, finite), finite)
+    return [(f"{stack} · {regime} · B={batch}" + (f" · diverges after step {diverged[key]}" if key in diverged else ""),
+             curves) for key, curves in sorted(panels.items()) for stack, regime, batch in [key]]  # fmt: skip
 
 
 def published_gap(published: pd.DataFrame) -> float | None:
@@ -340,9 +351,27 @@ def _vanilla_cells(traced: list[Any]) -> dict[tuple[str, str, int], Any]:
             if r.variant == "vanilla" and r.score_mini_batch_size is None and r.outcome == "ok"}  # fmt: skip
 
 
-def _first_non_finite(losses: list[float]) -> int | None:
-    """The first step (1-based) whose loss is NaN or infinite; None when every loss is finite."""
-    return next((step for step, loss in enumerate(losses, start=1) if not math.isfinite(loss)), None)
+def _first_non_finite(values: list[float]) -> int | None:
+    """The first step (1-based) whose value is NaN or infinite; None when every value is finite."""
+    return next((step for step, value in enumerate(values, start=1) if not math.isfinite(value)), None)
+
+
+def finite_steps(result: Any) -> int:
+    """How many leading steps of a traced run trained on finite weights and gave a finite loss: up to
+    and including the first step whose gradient is not finite (its loss was computed before the
+    update), and before the first step whose loss is not finite."""
+    losses, grads = result.loss_per_step, result.grad_norm_per_step
+    bad_loss, bad_grad = _first_non_finite(losses), _first_non_finite(grads)
+    return min(len(losses), (bad_loss - 1) if bad_loss else len(losses), bad_grad or len(losses))
+
+
+def divergence(result: Any) -> str:
+    """Where a traced run diverged ("gradient not finite from step 29, loss from step 30"); empty when
+    every loss and gradient norm it recorded is finite."""
+    parts = [f"{what} not finite from step {step}" for what, values in
+             (("gradient", result.grad_norm_per_step), ("loss", result.loss_per_step))
+             if (step := _first_non_finite(values)) is not None]  # fmt: skip
+    return ", ".join(parts).replace(", loss not finite", ", loss")
 
 
 def training_rows(traced: list[Any], published_max_gap: float | None) -> list[dict[str, Any]]:
@@ -363,18 +392,26 @@ def training_rows(traced: list[Any], published_max_gap: float | None) -> list[di
                           else parity.note if parity is not None else "no comparison recorded")  # fmt: skip
             rows.append(row)
             continue
-        series = (("vanilla's", base.loss_per_step), ("its", result.loss_per_step))
-        diverged = [f"{who} from step {step}" for who, losses in series if (step := _first_non_finite(losses)) is not None]
-        if diverged:  # a loss that is not finite has no gap to judge: the run diverged
-            row["why"] = "the loss is not finite: " + ", ".join(diverged)
+        mine, theirs = finite_steps(result), finite_steps(base)
+        steps = min(mine, theirs)  # the steps both trained on finite weights: their losses compare
+        if steps < len(result.loss_per_step) and mine < theirs:  # it diverged where vanilla did not
+            row["diverged"] = f"It diverges where vanilla does not ({divergence(result)})."
+        elif steps < len(result.loss_per_step):  # vanilla diverged too: the recipe at this batch, not the backend
+            row["diverged"] = (f"Vanilla diverges too, at the same step ({divergence(base)}): compared over the "
+                               f"{steps} steps before." if mine == theirs else
+                               f"Vanilla diverges first ({divergence(base)}): compared over the {steps} steps before.")
+        if steps == 0:
+            row["why"] = row.pop("diverged").rstrip(".")
             rows.append(row)
             continue
-        gaps = loss_gaps(result, base)
+        gaps = loss_gaps(result, base)[:steps]
         floor, floor_is = floors.get(key, (None, ""))
-        row |= {"steps": len(gaps), "max_gap": max(gaps), "mean_gap": sum(gaps) / len(gaps), "floor": floor,
-                "floor_is": floor_is, "cosine": parity.first_grad_cosine, "weights": parity.final_weight_rel_diff,
-                "is_floor": result.variant == "vanilla" and bool(result.score_mini_batch_size),
-                "same": floor is not None and max(gaps) <= floor}  # fmt: skip
+        weights = parity.final_weight_rel_diff
+        row |= {"steps": steps, "max_gap": max(gaps), "mean_gap": sum(gaps) / len(gaps), "floor": floor,
+                "floor_is": floor_is, "cosine": parity.first_grad_cosine,
+                "weights": weights if weights is not None and math.isfinite(weights) else None,
+                "is_floor": result.variant == "vanilla" and bool(result.score_mini_batch_size) and "diverged" not in row,
+                "same": floor is not None and max(gaps) <= floor and mine >= theirs}  # fmt: skip
         rows.append(row)
     return rows
 
@@ -388,20 +425,31 @@ def training_verdicts(traced: list[Any], published_max_gap: float | None) -> lis
         if "why" in row:
             lines.append(f"{where}: not compared ({row['why']}).")
             continue
-        numbers = (f"largest |Δloss| against vanilla over {row['steps']} steps {row['max_gap']:.4f} (mean "
-                   f"{row['mean_gap']:.4f}); first-step gradient cosine {row['cosine']:.6f}; final weights "
-                   f"{row['weights']:.1e} of their norm apart")  # fmt: skip
-        if row["is_floor"]:
-            lines.append(f"{where}: the same sums in another order — this batch's noise floor: {numbers}.")
-        elif row["floor"] is None:
-            lines.append(f"{where}: {numbers}; no noise floor to judge it by.")
-        elif row["same"]:
-            lines.append(f"{where}: **the same model** — {numbers}, within the noise floor {row['floor']:.4f} "
-                         f"({row['floor_is']}).")
-        else:
-            lines.append(f"{where}: **not the same model** — {numbers}: {times_floor(row)} the noise "
-                         f"floor {row['floor']:.4f} ({row['floor_is']}).")
+        lines.append(_judged(row, where))
+    for result in _vanilla_cells(traced).values():  # a reference that diverged is a finding of its own
+        if (where := divergence(result)):
+            lines.append(f"{result.stack} · {result.regime} · B={result.batch_size} · **vanilla** (the reference) "
+                         f"diverges: {where}.")
     return lines
+
+
+def _judged(row: dict[str, Any], where: str) -> str:
+    """The verdict line of one compared row of :func:`training_rows`, and where its run diverged."""
+    gap = f"largest |Δloss| against vanilla over {row['steps']} steps {row['max_gap']:.4f} (mean {row['mean_gap']:.4f})"
+    rest = (f"first-step gradient cosine {row['cosine']:.6f}; final weights "
+            + ("not finite" if row["weights"] is None else f"{row['weights']:.1e} of their norm apart"))  # fmt: skip
+    floor = "" if row["floor"] is None else f"the noise floor {row['floor']:.4f} ({row['floor_is']})"
+    if row["is_floor"]:
+        line = f"{where}: the same sums in another order — this batch's noise floor: {gap}; {rest}."
+    elif row["floor"] is None:
+        line = f"{where}: {gap}; {rest}; no noise floor to judge it by."
+    elif row["same"]:
+        line = f"{where}: **the same model** — {gap}, within {floor}; {rest}."
+    elif row["max_gap"] <= row["floor"]:  # within the floor, but it diverged where vanilla did not
+        line = f"{where}: **not the same model** — {gap}, within {floor}; {rest}."
+    else:
+        line = f"{where}: **not the same model** — {gap}: {times_floor(row)} {floor}; {rest}."
+    return f"{line} {row['diverged']}" if "diverged" in row else line
 
 
 READING_SHORT = {"lengths": "PyLate hands it each document mask as a length, so masked punctuation inside a passage "
