@@ -27,7 +27,7 @@ from typing import Literal
 
 import torch
 
-from harness import allocator, backends, cards, environment, gpu_gate, host, provenance
+from harness import allocator, backends, cards, environment, gpu_gate, host, provenance, ranks
 from harness.bracket import PeakLedger
 from harness.memory import probe_for, to_mib
 from harness.recorder import OpRecorder, first_line
@@ -115,6 +115,8 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
     stack = validate(spec, output, stack)
     # under harness sweep / harness ceiling: wait for this GPU (or room on it) before creating a CUDA context
     gpu_wait = gpu_gate.hold(cards.card(spec.card).usable_gib)
+    if spec.world_size > 1 and not ranks.in_rank():  # the cell is its ranks, which torchrun starts
+        return ranks.launch(spec, output, grid, notebook)
     started = time.perf_counter()
     phases: dict[str, float] = {}
     with timed(phases, "device"):

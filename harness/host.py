@@ -38,6 +38,7 @@ PINNED_VARIABLE = "MAXSIM_PINNED_CPUS"  # set by the launcher when it pinned the
 
 _entry: IO[str] | None = None
 _tag: str | None = None
+_cell: str | None = None  # the cell this process measures: its other ranks and their launcher are no neighbours
 
 
 def registry() -> Path:
@@ -83,9 +84,10 @@ def parse_cpus(text: str) -> list[int]:
 def enter(cell_id: str) -> None:
     """Pin this process to the cores the launcher gave it (``MAXSIM_PINNED_CPUS``), then enter the
     host registry for its lifetime (once; later calls do nothing)."""
-    global _entry, _tag
+    global _entry, _tag, _cell
     if _entry is not None:
         return
+    _cell = cell_id
     pinned = os.environ.get(PINNED_VARIABLE)
     if pinned:
         os.sched_setaffinity(0, parse_cpus(pinned))
@@ -123,7 +125,8 @@ os.register_at_fork(after_in_child=_close_in_child)
 
 
 def neighbours() -> list[dict[str, Any]]:
-    """The other cells running on this host now: their registry payloads."""
+    """The other cells running on this host now: their registry payloads (a data-parallel cell's
+    ranks and its launcher are one cell, not neighbours of each other)."""
     folder = registry()
     if _tag is None or not folder.is_dir():
         return []
@@ -132,9 +135,11 @@ def neighbours() -> list[dict[str, Any]]:
         if name.endswith(f"-{_tag}"):
             continue
         try:
-            found.append(json.loads(text))
+            payload = json.loads(text)
         except ValueError:  # an entry being written: its owner runs, its cores are unknown
-            found.append({"cpus": None})
+            payload = {"cpus": None}
+        if payload.get("cell") != _cell:  # the same cell's other ranks (harness.ranks) train with it
+            found.append(payload)
     return found
 
 
@@ -179,6 +184,10 @@ def gpu_state(gpu: str | None) -> dict[str, float] | None:
 
 
 def visible_gpu() -> str | None:
-    """The physical GPU index this process was pinned to (``CUDA_VISIBLE_DEVICES``), if one."""
-    text = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    return text if text and "," not in text else None
+    """The physical GPU index this process was pinned to (``CUDA_VISIBLE_DEVICES``), if one; in a
+    rank of a data-parallel cell (torchrun sets ``LOCAL_RANK``), that rank's GPU of the list."""
+    visible = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
+    local = os.environ.get("LOCAL_RANK", "")
+    if len(visible) > 1 and local.isdigit() and int(local) < len(visible):
+        return visible[int(local)]
+    return visible[0] if len(visible) == 1 else None

@@ -127,6 +127,24 @@ class Timing(_Record):
     reason: str | None = None
 
 
+class RankResult(_Record):
+    """One rank of a data-parallel cell (``spec.world_size`` > 1, :mod:`harness.ranks`): how it ended,
+    its own device's step peaks (per step too), step times and MaxSim calls in training. ``outcome``
+    ``stopped``: it wrote nothing because another rank failed first and torchrun stopped the rest."""
+
+    rank: int
+    device: str | None = None
+    outcome: Literal["ok", "oom", "crashed", "stopped"]
+    oom_message: str | None = None
+    oom_where: Literal["maxsim", "elsewhere"] | None = None
+    step_peak_alloc_mib: float | None = None
+    step_peak_reserved_mib: float | None = None
+    step_peak_alloc_per_step_mib: list[float] = Field(default_factory=list)
+    step_peak_reserved_per_step_mib: list[float] = Field(default_factory=list)
+    step_times_sec: list[float] = Field(default_factory=list)
+    maxsim_calls_in_train: list[OpCall] = Field(default_factory=list)
+
+
 class Provenance(_Record):
     """Which code produced a result: enough to find it again, even from a copied tree.
 
@@ -204,6 +222,10 @@ class CellResult(_Record):
     loss_per_step: list[float] = Field(default_factory=list)
     grad_norm_per_step: list[float] = Field(default_factory=list)
     parity: Parity | None = None
+    # data-parallel cells (spec.world_size > 1): every rank's own record. The fields above are then the
+    # cell's: the worst outcome, the largest peaks over the ranks, the slowest rank's step times, and
+    # rank 0's MaxSim calls and replays
+    ranks: list[RankResult] = Field(default_factory=list)
 
     @property
     def data_draw(self) -> str | None:

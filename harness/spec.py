@@ -146,6 +146,8 @@ DEVICES = ("auto", "cuda", "cpu")
 PRESET_AUTO = "auto"
 DEFAULT_SEED = 42
 MAX_STEADY_STEPS = 64  # a timed cell's steady steps: enough for percentiles, bounded so a cell ends
+MAX_WORLD_SIZE = 8  # the most GPUs one host lends; a cell of world size W owns W of them
+MULTI_GPU_STACKS = ("pylate",)  # stacks whose cells may run data-parallel (harness.ranks)
 AUTOTUNE_ALLOWANCE = 8  # steps beyond warm-up + steady ones a timed cell may spend autotuning (new shape buckets)
 
 
@@ -239,6 +241,12 @@ class TrainSpec:
     trace: bool = dataclasses.field(
         default=False, metadata={"help": "parity: record each step's loss and gradient norm, and compare the first "
                                          "gradient and final weights with the vanilla cell's (harness.trace)"})
+    world_size: int = dataclasses.field(
+        default=1, metadata={"help": "data-parallel ranks, one GPU each, launched with torchrun as one cell: "
+                                     "batch_size stays per rank (harness.ranks)"})
+    gather: bool = dataclasses.field(
+        default=False, metadata={"help": "negatives gathered across ranks: each rank scores its queries against every "
+                                         "rank's documents (PyLate's Contrastive(gather_across_devices=True))"})
 
     # papermill parameter names of the stack notebooks that differ from the field names
     NOTEBOOK_NAMES: ClassVar[dict[str, str]] = {"batch_size": "batch"}
@@ -278,6 +286,16 @@ class TrainSpec:
             raise SpecError(f"trace must be true or false, got {self.trace!r}.")
         if self.card != "native" and self.device == "cpu":
             raise SpecError(f"card {self.card!r} emulation caps a CUDA device; on the CPU use card 'native'.")
+        _positive("world_size", self.world_size)
+        if self.world_size > MAX_WORLD_SIZE:
+            raise SpecError(f"world_size must be at most {MAX_WORLD_SIZE} (one host's GPUs), got {self.world_size}.")
+        if not isinstance(self.gather, bool):
+            raise SpecError(f"gather must be true or false, got {self.gather!r}.")
+        if (self.world_size > 1 or self.gather) and self.stack not in MULTI_GPU_STACKS:
+            raise SpecError(f"world_size and gather are built for the {', '.join(MULTI_GPU_STACKS)} stack so far; "
+                            f"{self.stack} runs on one GPU.")  # fmt: skip
+        if self.world_size > 1 and self.trace:
+            raise SpecError("trace (parity) compares one process's gradients; run it with world_size 1.")
 
     @property
     def max_steps(self) -> int:
@@ -301,7 +319,12 @@ class TrainSpec:
     @property
     def cell_id(self) -> str:
         seed = f"-s{self.seed}" if self.seed != DEFAULT_SEED else ""
-        return f"{self.stack}-{self.regime}-b{self.batch_size}-{self.setting_id}{seed}"
+        return f"{self.stack}-{self.regime}-b{self.batch_size}-{self.setting_id}{self.ranks_id}{seed}"
+
+    @property
+    def ranks_id(self) -> str:
+        """``-w2-gather``: the world size (above 1) and gathered negatives name a cell only when set."""
+        return (f"-w{self.world_size}" if self.world_size > 1 else "") + ("-gather" if self.gather else "")
 
     @property
     def title(self) -> str:
@@ -310,7 +333,9 @@ class TrainSpec:
             chunk = f" · mini-batch {self.mini_batch_size}{chunk}"
         allocator = f" · {self.allocator} allocator" if self.allocator != "default" else ""
         seed = f" · seed {self.seed}" if self.seed != DEFAULT_SEED else ""
-        return f"{self.stack} · {self.regime} · B={self.batch_size} · {self.variant}{chunk} · {self.card}{allocator}{seed}"
+        ranks = (f" · {self.world_size} GPUs" if self.world_size > 1 else "") + (" · gathered" if self.gather else "")
+        return (f"{self.stack} · {self.regime} · B={self.batch_size} · {self.variant}{chunk} · {self.card}{allocator}"
+                f"{ranks}{seed}")  # fmt: skip
 
     @property
     def folder(self) -> tuple[str, str]:

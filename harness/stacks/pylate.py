@@ -11,7 +11,9 @@ of each query chunk against every document is what grows). The wrapped call site
 ``score_metric``: with chunking each query chunk is its own call. The backend is PyLate's own
 strict switch, ``PYLATE_SCORES_BACKEND`` (PyLate >= 1.5.1); on older releases (the ``pylate-1.5``
 environment) vanilla is the untouched library and lik is ``late_interaction_kernels.patch_pylate()``;
-flash needs the native switch.
+flash needs the native switch. Data-parallel cells (``world_size`` > 1, launched with torchrun by
+:mod:`harness.ranks`) train under the Trainer's DDP; ``gather`` turns on the loss's
+``gather_across_devices``: every rank scores its queries against all ranks' documents.
 """
 
 from __future__ import annotations
@@ -68,9 +70,11 @@ class PylateStack:
             # GradCache: embeddings without a graph first, the loss scored per query chunk (a backward per
             # chunk, into cached embedding gradients), then the encoder again per mini-batch with its graph.
             loss = losses.CachedContrastive(model=model, mini_batch_size=params.mini_batch_size or GRADCACHE_MINI_BATCH,
-                                            score_mini_batch_size=params.score_mini_batch_size)  # fmt: skip
+                                            score_mini_batch_size=params.score_mini_batch_size,
+                                            gather_across_devices=params.gather)  # fmt: skip
         else:
-            loss = losses.Contrastive(model=model, score_mini_batch_size=params.score_mini_batch_size)
+            loss = losses.Contrastive(model=model, score_mini_batch_size=params.score_mini_batch_size,
+                                      gather_across_devices=params.gather)  # fmt: skip
         args = SentenceTransformerTrainingArguments(
             **measurement_arguments(params, device),
             learning_rate=LEARNING_RATE,

@@ -1,0 +1,95 @@
+"""Data-parallel cells (harness.ranks): the spec's world size and gathered negatives, the merge of
+the ranks' results, and one real torchrun launch of PyLate's recipe on the CPU (gloo)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from harness import ranks
+from harness.cell import run_cell
+from harness.results import OpCall, load_result
+from harness.spec import MAX_WORLD_SIZE, SpecError, TrainSpec
+from test_results import make_call, make_result
+
+PYLATE = dict(stack="pylate", regime="grad-checkpoint", batch_size=8, variant="vanilla", steps=2, device="cpu",
+              preset="tiny")  # fmt: skip
+
+
+def test_a_data_parallel_cell_is_named_and_refused_in_one_line():
+    assert TrainSpec(**PYLATE).cell_id == "pylate-grad-checkpoint-b8-vanilla-native"
+    assert TrainSpec(**PYLATE, world_size=2).cell_id == "pylate-grad-checkpoint-b8-vanilla-native-w2"
+    assert TrainSpec(**PYLATE, world_size=2, gather=True).cell_id == "pylate-grad-checkpoint-b8-vanilla-native-w2-gather"
+    assert TrainSpec(**PYLATE, gather=True).cell_id.endswith("-native-gather")  # W = 1: the baseline, gathering alone
+    assert TrainSpec(**PYLATE, world_size=2, gather=True).title.endswith("· 2 GPUs · gathered")
+    refusals = {
+        "world_size must be at most 8 (one host's GPUs), got 9.": dict(PYLATE, world_size=MAX_WORLD_SIZE + 1),
+        "world_size must be an integer of at least 1, got 0.": dict(PYLATE, world_size=0),
+        "world_size and gather are built for the pylate stack so far; colpali runs on one GPU.":
+            dict(stack="colpali", world_size=2),
+        "trace (parity) compares one process's gradients; run it with world_size 1.": dict(PYLATE, world_size=2, trace=True),
+        "gather must be true or false, got 'yes'.": dict(PYLATE, gather="yes"),
+    }  # fmt: skip
+    for reason, fields in refusals.items():
+        with pytest.raises(SpecError) as refused:
+            TrainSpec(**fields)
+        assert str(refused.value) == reason
+
+
+def _rank(rank, outcome="ok", alloc=100.0, times=(0.5, 0.25, 0.25), calls=1):
+    spec = dict(PYLATE, world_size=2, gather=True)
+    return make_result(**spec, outcome=outcome, step_peak_alloc_mib=alloc, step_peak_reserved_mib=alloc + 30,
+                       step_times_sec=list(times), step_peak_alloc_per_step_mib=[alloc - 1, alloc],
+                       step_peak_reserved_per_step_mib=[alloc + 29, alloc + 30],
+                       oom_message="CUDA out of memory." if outcome == "oom" else None,
+                       maxsim_calls_in_train=[make_call()] * calls)  # fmt: skip
+
+
+def test_the_cells_result_is_its_ranks_worst_and_largest():
+    spec = TrainSpec(**PYLATE, world_size=2, gather=True)
+    merged = ranks.merge(spec, [_rank(0, alloc=100.0, times=(0.5, 0.2, 0.3)), _rank(1, alloc=120.0, times=(0.4, 0.3, 0.2))])
+    assert merged.outcome == "ok" and [r.rank for r in merged.ranks] == [0, 1]
+    assert (merged.step_peak_alloc_mib, merged.step_peak_reserved_mib) == (120.0, 150.0)
+    assert merged.step_peak_alloc_per_step_mib == [119.0, 120.0] and merged.fragmentation_per_step_mib == [30.0, 30.0]
+    assert merged.step_times_sec == [0.5, 0.3, 0.3]  # a data-parallel step lasts as long as its slowest rank
+    assert merged.steady_step_time_sec == 0.3 and math.isclose(merged.samples_per_sec or 0, 8 * 2 / 0.3)
+    assert [r.step_peak_alloc_mib for r in merged.ranks] == [100.0, 120.0]
+    # one rank out of memory, the other stopped by torchrun: the cell ran out of memory
+    stopped = ranks.merge(spec, [None, _rank(1, outcome="oom", alloc=140.0)], returncode=1)
+    assert stopped.outcome == "oom" and stopped.oom_message == "CUDA out of memory."
+    assert [(r.rank, r.outcome) for r in stopped.ranks] == [(0, "stopped"), (1, "oom")]
+    # no rank out of memory, yet one wrote nothing: the cell crashed, and says which rank
+    with pytest.raises(ranks.RanksError, match=r"rank 1 stopped \(torchrun exit status 1\)"):
+        ranks.merge(spec, [_rank(0), None], returncode=1)
+
+
+def test_a_data_parallel_cell_needs_a_gpu_per_rank_before_it_starts(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    spec = dataclasses.replace(TrainSpec(**PYLATE, world_size=2), device="cuda")
+    with pytest.raises(ValueError, match=r"^world_size 2 needs 2 GPUs, one per rank; this process sees 1"):
+        ranks.check_devices(spec)
+
+
+def _doc_rows(calls: list[OpCall]) -> set[int]:
+    return {call.doc_shape[0] for call in calls}
+
+
+def test_torchrun_trains_pylates_recipe_on_two_ranks_with_documents_gathered(tmp_path: Path):
+    """Two ranks under torchrun (gloo, CPU), PyLate's Contrastive with gather_across_devices: every
+    rank trains every step and scores its 8 queries against both ranks' documents (16 rows), where
+    the same cell on one process scores against its own 8; the merged result holds both ranks."""
+    spec = TrainSpec(**PYLATE, world_size=2, gather=True)
+    result = run_cell(spec, tmp_path / "cell.json", grid="multi-gpu")
+    assert load_result(tmp_path / "cell.json") == result
+    assert result.outcome == "ok" and result.cell_id.endswith("-w2-gather")
+    assert [(r.rank, r.outcome, len(r.step_times_sec)) for r in result.ranks] == [(0, "ok", 2), (1, "ok", 2)]
+    assert all(_doc_rows(r.maxsim_calls_in_train) == {16} for r in result.ranks)
+    assert result.step_peak_alloc_mib == max(r.step_peak_alloc_mib or 0 for r in result.ranks)
+    assert not ranks.rank_folder(tmp_path / "cell.json").exists()  # the ranks' scratch files are gone
+    alone = run_cell(TrainSpec(**PYLATE, gather=True), tmp_path / "alone.json")
+    assert _doc_rows(alone.maxsim_calls_in_train) == {8} and alone.ranks == []
