@@ -263,8 +263,7 @@ def training_table(traced: list[Any], published_max_gap: float | None = None) ->
                        else "noise floor" if row.get("is_floor") else "same model" if row.get("same")
                        else "not the same" if row.get("floor") is not None else "")  # fmt: skip
             finite = finite_steps(result)
-            last = ("—" if not losses else f"{losses[-1]:.4f}" if finite == len(losses)
-                    else f"{losses[finite - 1]:.4f} (step {finite}; diverges)" if finite else "diverges")  # fmt: skip
+            last = "—" if not finite else f"{losses[finite - 1]:.4f}"  # the last loss before it diverged
             weights = None if parity is None else parity.final_weight_rel_diff
             rows.append({
                 "stack · regime": f"{stack} · {regime}", "batch": batch, "backend": nowrap(style.short(backend)),
@@ -272,9 +271,9 @@ def training_table(traced: list[Any], published_max_gap: float | None = None) ->
                 "|Δloss| max / mean": nowrap(f"{max(gaps):.4f} / {sum(gaps) / len(gaps):.4f}") if gaps else "",
                 "step-1 grad. cosine": "" if parity is None or parity.first_grad_cosine is None
                 else f"{parity.first_grad_cosine:.6f}",
-                "final ‖Δθ‖/‖θ‖": "" if weights is None else _exponent(weights) if math.isfinite(weights)
-                else "not finite",
-                "verdict": nowrap(verdict) if verdict else "",
+                "final ‖Δθ‖/‖θ‖": "" if weights is None else _exponent(weights) if math.isfinite(weights) else "—",
+                "verdict": (nowrap(verdict) if verdict else "")
+                + (f" (diverges after step {finite})" if losses and finite < len(losses) else ""),
             })  # fmt: skip
     return pd.DataFrame(rows)
 
