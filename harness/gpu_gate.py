@@ -43,6 +43,7 @@ POLL_SEC = 0.25
 EXCLUSIVE = "all"
 
 _held: IO[str] | None = None
+_also_held: list[IO[str]] = []  # a data-parallel cell's other GPUs' gates
 _share_gib: float | None = None
 
 
@@ -50,7 +51,9 @@ def hold(cap_gib: float | None = None) -> float:
     """Enter this process's GPU gate (if the sweep set one) and stay in until exit; return seconds waited.
 
     ``cap_gib`` is the card cap the cell will run under (None: uncapped); with a share budget set,
-    the cell enters beside others that fit, otherwise it waits for the GPU alone.
+    the cell enters beside others that fit, otherwise it waits for the GPU alone. A data-parallel
+    cell is given the gates of all its GPUs (``os.pathsep``-separated) and enters them in the order
+    given, which the sweep keeps sorted, so two such cells never wait on each other in a circle.
     """
     global _held, _share_gib
     path = os.environ.get(LOCK_VARIABLE)
@@ -58,10 +61,17 @@ def hold(cap_gib: float | None = None) -> float:
         return 0.0
     budget = share_budget()
     need = share_needed(cap_gib, budget)
-    gate = Path(path)
+    began = time.perf_counter()
+    held = [_enter_gate(Path(part), need, budget) for part in path.split(os.pathsep) if part]
+    _held, _share_gib = held[0], need
+    _also_held.extend(held[1:])
+    return time.perf_counter() - began
+
+
+def _enter_gate(gate: Path, need: float | None, budget: float | None) -> IO[str]:
+    """Wait in ``gate``'s queue until this process is first and fits; its held entry, kept open."""
     entries = gate.with_name(gate.name + ".d")
     entries.mkdir(parents=True, exist_ok=True)
-    began = time.perf_counter()
     tag = f"{time.monotonic_ns():020d}-{os.getpid()}"  # CLOCK_MONOTONIC: one clock for the whole host
     waiting = entries / f"wait-{tag}"
     with _locked(gate):
@@ -73,9 +83,7 @@ def hold(cap_gib: float | None = None) -> float:
                 queue = sorted(name for name in live if name.startswith("wait-"))
                 admitted = [text for name, text in live.items() if name.startswith("hold-")]
                 if queue[0] == waiting.name and fits(need, admitted, budget):
-                    _held = enter(entries / f"hold-{tag}", EXCLUSIVE if need is None else f"{need:.3f}")
-                    _share_gib = need
-                    return time.perf_counter() - began
+                    return enter(entries / f"hold-{tag}", EXCLUSIVE if need is None else f"{need:.3f}")
             time.sleep(POLL_SEC)
     finally:  # admitted or interrupted: this process no longer waits, and must not hold up the queue
         ticket.close()
@@ -131,6 +139,9 @@ def _close_in_child() -> None:
     if _held is not None:
         _held.close()
         _held = None
+    for handle in _also_held:
+        handle.close()
+    _also_held.clear()
 
 
 os.register_at_fork(after_in_child=_close_in_child)

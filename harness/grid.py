@@ -25,7 +25,8 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 GRIDS_DIR = ROOT / "grids"
 # a grid entry's fields that may list values, expanded as a product
-EXPANDABLE = ("batch_size", "variant", "regime", "head", "score_mini_batch_size", "negatives", "card", "allocator", "seed")
+EXPANDABLE = ("batch_size", "variant", "regime", "head", "score_mini_batch_size", "negatives", "card", "allocator", "seed",
+              "world_size")
 LAUNCH_FIELDS = ("kernel", "notebook")
 
 

@@ -40,8 +40,12 @@ def cell_grids():
 
 def test_the_committed_grids_are_the_report_s():
     assert set(grid_names()) == {"published", "ours", "op", "ceilings", "shared-gpu-check", "repeat", "gradcache", "parity",
-                                 "long-run", "pinned-check"}  # fmt: skip
-    assert set(cell_grids()) == {"published", "ours", "op", "repeat", "gradcache", "parity", "long-run", "pinned-check"}
+                                 "long-run", "pinned-check", "multi-gpu"}  # fmt: skip
+    assert set(cell_grids()) == {"published", "ours", "op", "repeat", "gradcache", "parity", "long-run", "pinned-check",
+                                 "multi-gpu"}  # fmt: skip
+    # the multi-GPU grid: every world size of each setting, gathering on
+    multi = load_grid(grid_names()["multi-gpu"])
+    assert {cell.spec.world_size for cell in multi} == {1, 2} and all(cell.spec.gather for cell in multi)
     # the repeat grid runs cells of the published grid again, with the same specs
     published = {cell.cell_id: cell.spec for cell in load_grid(grid_names()["published"])}
     assert all(published[cell.cell_id] == cell.spec for cell in load_grid(grid_names()["repeat"]))

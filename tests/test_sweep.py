@@ -522,3 +522,46 @@ def test_a_traced_cell_whose_reference_is_not_rerun_follows_the_result_it_has(tm
     runs = sweep.run_sweep(cells, layout, echo=lines.append)
     assert launched == [] and [(run.cell.cell_id, run.outcome) for run in runs] == [(specs[1].cell_id, "skipped")]
     assert any("its vanilla reference ended crashed" in line for line in lines)
+
+
+def test_a_data_parallel_cell_runs_after_the_others_on_its_gpu_set_holding_every_gate(tmp_path, monkeypatch, own_gates):
+    """A world-size-2 cell waits for the one-GPU cells, then runs on the first two GPUs of --gpus with
+    both GPUs' gates; without two GPUs it is not run, and says why."""
+    from harness.orchestrate import sweep
+
+    base = TrainSpec(stack="pylate", regime="plain", batch_size=2, steps=2, preset="tiny", device="cpu")
+    specs = [with_fields(base, world_size=2, gather=True), with_fields(base), with_fields(base, variant="lik")]
+    cells = [GridCell("multi-gpu", spec, "pylate", "notebooks/pylate.ipynb") for spec in specs]
+    launched: list[tuple[str, str | None, pool.Gate]] = []
+
+    def fake_launch(cell, layout, slot, gate):
+        launched.append((cell.cell_id, slot, gate))
+        return SimpleNamespace(cell=cell, outcome="ok", seconds=0.0, phases="", detail="")
+
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+    monkeypatch.setattr(sweep, "state", lambda cell, layout: "missing")
+    sweep.run_sweep(cells, Layout(tmp_path / "r", tmp_path / "c"), gpus=["0", "1", "2"], echo=lambda line: None)
+    assert launched[-1][:2] == (specs[0].cell_id, "0,1") and len(launched) == 3
+    gate = launched[-1][2]
+    assert gate.environment()[gpu_gate.LOCK_VARIABLE] == os.pathsep.join(
+        str(own_gates / f"maxsim-gpu-{gpu}.gate") for gpu in ("0", "1"))
+    lines: list[str] = []
+    launched.clear()
+    runs = sweep.run_sweep(cells, Layout(tmp_path / "r", tmp_path / "c"), gpus=None, echo=lines.append)
+    assert [cell_id for cell_id, _, _ in launched] == [specs[1].cell_id, specs[2].cell_id]
+    assert any(f"{specs[0].cell_id}: not run — world size 2 needs 2 GPUs, one per rank; this sweep was given none"
+               in line for line in lines)
+    assert [run.outcome for run in runs][-1] == "skipped"
+
+
+def test_a_cell_given_several_gates_holds_them_all(tmp_path, monkeypatch):
+    """gpu_gate.hold with two gates (a data-parallel cell's): both are held until the process ends."""
+    gates = [tmp_path / "a.gate", tmp_path / "b.gate"]
+    monkeypatch.setenv(gpu_gate.LOCK_VARIABLE, os.pathsep.join(map(str, gates)))
+    monkeypatch.setattr(gpu_gate, "_held", None)
+    monkeypatch.setattr(gpu_gate, "_also_held", [])
+    assert gpu_gate.hold() >= 0.0
+    for gate in gates:
+        assert [p.name.split("-")[0] for p in gate.with_name(gate.name + ".d").iterdir()] == ["hold"]
+    gpu_gate._close_in_child()  # what a forked child does: it releases them
+    assert gpu_gate._held is None and gpu_gate._also_held == []

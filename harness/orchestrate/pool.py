@@ -1,7 +1,9 @@
 """One worker pool for sweeps and ceiling searches: tasks taken in order by workers bound to GPUs.
 
 A cell always sees exactly one GPU (``CUDA_VISIBLE_DEVICES``): with two visible, transformers'
-Trainer would train with DataParallel, another cell than the one asked for. Each GPU has a gate
+Trainer would train with DataParallel, another cell than the one asked for — except a
+data-parallel cell (``world_size`` W > 1), which sees its W GPUs and holds all their gates
+(:func:`gpu_set_gate`; its ranks are started by torchrun, :mod:`harness.ranks`). Each GPU has a gate
 (:mod:`harness.gpu_gate`), a lock file its cells enter before creating a CUDA context, so several
 workers per GPU overlap their cells' start-up while measuring one at a time — or, given a share
 budget, as many at once as their card caps fit.
@@ -29,9 +31,10 @@ class Gate:
     path: Path
     share_gib: float | None = None
     cpus: tuple[int, ...] | None = None
+    also: tuple[Path, ...] = ()  # a data-parallel cell's other GPUs' gates, entered after this one
 
     def environment(self) -> dict[str, str]:
-        env = {gpu_gate.LOCK_VARIABLE: str(self.path)}
+        env = {gpu_gate.LOCK_VARIABLE: os.pathsep.join(str(path) for path in (self.path, *self.also))}
         if self.share_gib is not None:
             env[gpu_gate.SHARE_VARIABLE] = f"{self.share_gib:.2f}"
         return env
@@ -104,6 +107,12 @@ def run_on_gpus(count: int, task: Callable[[int, str | None, Gate], None], gpus:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+def gpu_set_gate(gpus: Sequence[str]) -> Gate:
+    """The gates of a data-parallel cell's GPUs, in order: it measures once it holds every one."""
+    first, *rest = gpus
+    return Gate(gate_path(first), also=tuple(gate_path(gpu) for gpu in rest))
 
 
 def visible_gpus(spec: str) -> list[str]:

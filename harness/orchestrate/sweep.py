@@ -3,7 +3,9 @@
 A sweep resumes: cells with a valid ``ok``/``oom`` result of their own spec are skipped; crashed
 ones run again on request (``--rerun-crashed``); a file at a cell's path that is not a valid result
 of that cell (truncated, foreign, another spec) is set aside as ``*.broken`` — and said — before
-the cell runs again. Cells run one after another on one GPU, or one per GPU with ``--gpus``.
+the cell runs again. Cells run one after another on one GPU, or one per GPU with ``--gpus``; a
+data-parallel cell (``world_size`` W > 1) runs after them, on the first W GPUs of ``--gpus``, once
+it holds every one's gate.
 
 Traced cells (``trace: true``, :mod:`harness.trace`) compare with the vanilla cell of their batch
 and seed, which must have finished first: the sweep runs such reference cells before the others
@@ -25,7 +27,7 @@ from typing import Any
 
 from harness.grid import GridCell
 from harness.orchestrate.launcher import ROOT, CellRun, Gate, Layout, finish_orphan, launch, set_aside, state
-from harness.orchestrate.pool import run_on_gpus
+from harness.orchestrate.pool import gpu_set_gate, run_on_gpus
 from harness.results import load_result
 from harness.spec import STACKS, TrainSpec, is_trace_reference, trace_reference_key, trace_reference_path
 
@@ -108,9 +110,26 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
             echo(f"[{len(runs)}/{len(todo)}] {cell.cell_id}: {done.outcome} in {done.seconds:.0f}s"
                  f" (elapsed {time.perf_counter() - started:.0f}s{phases}){detail}")  # fmt: skip
 
-    run_on_gpus(len(todo), run, gpus, cells_per_gpu, pin_cpus=pin_cpus)
+    single = [cell for cell in todo if not _world(cell) > 1]
+    multi = [cell for cell in todo if _world(cell) > 1]
+    todo = single + multi  # the indices run() takes: one-GPU cells first, through the pool
+    run_on_gpus(len(single), run, gpus, cells_per_gpu, pin_cpus=pin_cpus)
+    for index, cell in enumerate(multi, start=len(single)):  # then each data-parallel cell on its GPU set
+        need = _world(cell)
+        if gpus is None or len(gpus) < need:
+            with lock:
+                runs.append(CellRun(cell, "skipped", 0.0, "", detail=f"needs {need} GPUs"))
+                echo(f"[{len(runs)}/{len(todo)}] {cell.cell_id}: not run — world size {need} needs {need} GPUs, one "
+                     f"per rank; this sweep was given {len(gpus) if gpus else 'none (--gpus)'}")  # fmt: skip
+            continue
+        chosen = list(gpus[:need])
+        run(index, ",".join(chosen), gpu_set_gate(chosen))
     echo(summary(cells, layout, time.perf_counter() - started))
     return runs
+
+
+def _world(cell: GridCell) -> int:
+    return cell.spec.world_size if isinstance(cell.spec, TrainSpec) else 1
 
 
 def standing(cell: GridCell, layout: Layout) -> str:

@@ -37,6 +37,7 @@ SHARED_CHECK = "shared-gpu-check"  # grids/shared-gpu-check.yaml: a ceiling sear
 CEILINGS = "ceilings"  # the grid of the ceiling searches' probes
 PARITY = "parity"  # grids/parity.yaml: traced 50-step cells, read by the parity page (harness.report.agreement)
 LONG_RUN = "long-run"  # grids/long-run.yaml: 100-300 steps at the 80 GB ceilings, read by the ceilings page
+MULTI_GPU = "multi-gpu"  # grids/multi-gpu.yaml: data-parallel cells with gathered negatives (harness.ranks)
 PINNED_CHECK = "pinned-check"  # grids/pinned-check.yaml: repeat cells timed pinned side by side on two GPUs
 APART = (CEILINGS, SHARED_CHECK, REPEAT, PARITY, LONG_RUN, PINNED_CHECK)  # grids with their own pages or tables
 CEILINGS_GRID = ROOT / "grids" / "ceilings.yaml"
