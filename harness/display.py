@@ -155,6 +155,11 @@ def summary(result: CellResult) -> pd.DataFrame:
         "steady steps": integers(result.steady_steps) if result.step_times_sec else None,
         "steps that autotuned": integers(result.autotune_steps) if result.step_times_sec else None,
         "calls into the fused kernel": result.backend_entry_point_calls,
+        "data-parallel ranks": f"{result.world_size} (torchrun)" if result.world_size > 1 else None,
+        "negatives gathered across ranks": "yes" if result.gather else None,
+        "per rank: outcome, step peak allocated": "; ".join(
+            f"rank {rank.rank} {rank.outcome}" + (f", {mib_gib(rank.step_peak_alloc_mib)}" if rank.step_peak_alloc_mib else "")
+            for rank in result.ranks) or None,
         "model": result.env.model_source if result.env else None,
         "data": result.env.data_source if result.env else None,
     }

@@ -276,6 +276,8 @@ class CellResult(_Record):
     steps = property(lambda self: self.spec.steps)
     seed = property(lambda self: self.spec.seed)
     preset = property(lambda self: self.spec.preset)
+    world_size = property(lambda self: getattr(self.spec, "world_size", 1))  # op cells run in one process
+    gather = property(lambda self: getattr(self.spec, "gather", False))
 
     @classmethod
     def crashed(cls, spec: TrainSpec | OpSpec, grid: str | None, failure: Failure, log_tail: str | None,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ranks
+from harness import display, ranks
 from harness.cell import run_cell
 from harness.results import OpCall, load_result
 from harness.spec import MAX_WORLD_SIZE, SpecError, TrainSpec
@@ -57,6 +57,11 @@ def test_the_cells_result_is_its_ranks_worst_and_largest():
     assert merged.step_times_sec == [0.5, 0.3, 0.3]  # a data-parallel step lasts as long as its slowest rank
     assert merged.steady_step_time_sec == 0.3 and math.isclose(merged.samples_per_sec or 0, 8 * 2 / 0.3)
     assert [r.step_peak_alloc_mib for r in merged.ranks] == [100.0, 120.0]
+    shown = display.summary(merged)["value"]
+    assert (shown["data-parallel ranks"], shown["negatives gathered across ranks"]) == ("2 (torchrun)", "yes")
+    assert shown["per rank: outcome, step peak allocated"] == (f"rank 0 ok, {display.mib_gib(100.0)}; "
+                                                                f"rank 1 ok, {display.mib_gib(120.0)}")
+    assert "data-parallel ranks" not in display.summary(make_result())["value"]
     # one rank out of memory, the other stopped by torchrun: the cell ran out of memory
     stopped = ranks.merge(spec, [None, _rank(1, outcome="oom", alloc=140.0)], returncode=1)
     assert stopped.outcome == "oom" and stopped.oom_message == "CUDA out of memory."
