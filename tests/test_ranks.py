@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import display, ranks
+from harness import display, op_bytes, ranks
 from harness.cell import run_cell
 from harness.results import OpCall, load_result
 from harness.spec import MAX_WORLD_SIZE, SpecError, TrainSpec
@@ -98,3 +98,16 @@ def test_torchrun_trains_pylates_recipe_on_two_ranks_with_documents_gathered(tmp
     assert not ranks.rank_folder(tmp_path / "cell.json").exists()  # the ranks' scratch files are gone
     alone = run_cell(TrainSpec(**PYLATE, gather=True), tmp_path / "alone.json")
     assert _doc_rows(alone.maxsim_calls_in_train) == {8} and alone.ranks == []
+    # the analytic per-rank grid with W (op_bytes.gathered), from the one-process shapes: the replays of
+    # the gathered shapes match it to the byte (the CPU's MemTracker counts exact bytes), and every
+    # rank's calls in training within 0.05 MiB (what else the step allocates at that moment)
+    mib = 2**20
+    for call, base in zip(result.maxsim_calls_isolated, alone.maxsim_calls_isolated, strict=True):
+        predicted = op_bytes.gathered("pylate", base.query_shape, base.doc_shape, 4, 2)
+        assert (call.forward_transient_peak_mib, call.saved_for_backward_mib) == (predicted.forward_transient / mib,
+                                                                                  predicted.held / mib)
+    for world, calls in ((1, alone.maxsim_calls_in_train), *((2, r.maxsim_calls_in_train) for r in result.ranks)):
+        for call, base in zip(calls, alone.maxsim_calls_in_train, strict=True):
+            predicted = op_bytes.gathered("pylate", base.query_shape, base.doc_shape, 4, world)
+            assert abs((call.forward_transient_peak_mib or 0) - predicted.forward_transient / mib) < 0.05
+            assert abs((call.saved_for_backward_mib or 0) - predicted.held / mib) < 0.05
