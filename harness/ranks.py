@@ -3,7 +3,8 @@
 Practitioners train data-parallel by starting the same script once per GPU with ``torchrun``:
 transformers' Trainer then wraps the model in DistributedDataParallel, each rank draws its own
 ``batch_size`` samples per step, and a loss built with ``gather_across_devices`` scores each rank's
-queries against every rank's documents. A cell of ``spec.world_size`` W is launched the same way:
+queries against every rank's documents (PyLate's ``gather_across_devices``; colpali-engine's
+ContrastiveTrainer always gathers). A cell of ``spec.world_size`` W is launched the same way:
 :func:`launch` runs ``torchrun --standalone --nproc-per-node W -m harness.ranks``, every rank runs
 :func:`harness.cell.run_cell` on its own device (``cuda:LOCAL_RANK``; gloo on the CPU) and writes
 its own result, and :func:`merge` folds the ranks' results into the cell's: every rank's record in

@@ -147,7 +147,6 @@ PRESET_AUTO = "auto"
 DEFAULT_SEED = 42
 MAX_STEADY_STEPS = 64  # a timed cell's steady steps: enough for percentiles, bounded so a cell ends
 MAX_WORLD_SIZE = 8  # the most GPUs one host lends; a cell of world size W owns W of them
-MULTI_GPU_STACKS = ("pylate",)  # stacks whose cells may run data-parallel (harness.ranks)
 AUTOTUNE_ALLOWANCE = 8  # steps beyond warm-up + steady ones a timed cell may spend autotuning (new shape buckets)
 
 
@@ -246,7 +245,8 @@ class TrainSpec:
                                      "batch_size stays per rank (harness.ranks)"})
     gather: bool = dataclasses.field(
         default=False, metadata={"help": "negatives gathered across ranks: each rank scores its queries against every "
-                                         "rank's documents (PyLate's Contrastive(gather_across_devices=True))"})
+                                         "rank's documents (PyLate's gather_across_devices; colpali-engine's "
+                                         "ContrastiveTrainer always gathers under torch.distributed)"})
 
     # papermill parameter names of the stack notebooks that differ from the field names
     NOTEBOOK_NAMES: ClassVar[dict[str, str]] = {"batch_size": "batch"}
@@ -291,9 +291,9 @@ class TrainSpec:
             raise SpecError(f"world_size must be at most {MAX_WORLD_SIZE} (one host's GPUs), got {self.world_size}.")
         if not isinstance(self.gather, bool):
             raise SpecError(f"gather must be true or false, got {self.gather!r}.")
-        if (self.world_size > 1 or self.gather) and self.stack not in MULTI_GPU_STACKS:
-            raise SpecError(f"world_size and gather are built for the {', '.join(MULTI_GPU_STACKS)} stack so far; "
-                            f"{self.stack} runs on one GPU.")  # fmt: skip
+        if self.stack == "colpali" and self.world_size > 1 and not self.gather:
+            raise SpecError("colpali-engine's ContrastiveTrainer always gathers the documents across processes: a "
+                            "colpali cell of world_size above 1 needs gather: true.")  # fmt: skip
         if self.world_size > 1 and self.trace:
             raise SpecError("trace (parity) compares one process's gradients; run it with world_size 1.")
 

@@ -28,8 +28,6 @@ def test_a_data_parallel_cell_is_named_and_refused_in_one_line():
     refusals = {
         "world_size must be at most 8 (one host's GPUs), got 9.": dict(PYLATE, world_size=MAX_WORLD_SIZE + 1),
         "world_size must be an integer of at least 1, got 0.": dict(PYLATE, world_size=0),
-        "world_size and gather are built for the pylate stack so far; colpali runs on one GPU.":
-            dict(stack="colpali", world_size=2),
         "trace (parity) compares one process's gradients; run it with world_size 1.": dict(PYLATE, world_size=2, trace=True),
         "gather must be true or false, got 'yes'.": dict(PYLATE, gather="yes"),
     }  # fmt: skip
@@ -99,15 +97,31 @@ def test_torchrun_trains_pylates_recipe_on_two_ranks_with_documents_gathered(tmp
     alone = run_cell(TrainSpec(**PYLATE, gather=True), tmp_path / "alone.json")
     assert _doc_rows(alone.maxsim_calls_in_train) == {8} and alone.ranks == []
     # the analytic per-rank grid with W (op_bytes.gathered), from the one-process shapes: the replays of
-    # the gathered shapes match it to the byte (the CPU's MemTracker counts exact bytes), and every
-    # rank's calls in training within 0.05 MiB (what else the step allocates at that moment)
+    # the gathered shapes match it to the byte (the CPU's MemTracker counts exact bytes). A rank's CPU
+    # brackets in training were seen to miss the op beside gloo's threads (one read 0 MiB), so only the
+    # shapes are asserted there; on the GPUs the in-training records are the measurement.
     mib = 2**20
-    for call, base in zip(result.maxsim_calls_isolated, alone.maxsim_calls_isolated, strict=True):
-        predicted = op_bytes.gathered("pylate", base.query_shape, base.doc_shape, 4, 2)
-        assert (call.forward_transient_peak_mib, call.saved_for_backward_mib) == (predicted.forward_transient / mib,
-                                                                                  predicted.held / mib)
-    for world, calls in ((1, alone.maxsim_calls_in_train), *((2, r.maxsim_calls_in_train) for r in result.ranks)):
-        for call, base in zip(calls, alone.maxsim_calls_in_train, strict=True):
+    for world, replays in ((1, alone.maxsim_calls_isolated), (2, result.maxsim_calls_isolated)):
+        for call, base in zip(replays, alone.maxsim_calls_isolated, strict=True):
             predicted = op_bytes.gathered("pylate", base.query_shape, base.doc_shape, 4, world)
-            assert abs((call.forward_transient_peak_mib or 0) - predicted.forward_transient / mib) < 0.05
-            assert abs((call.saved_for_backward_mib or 0) - predicted.held / mib) < 0.05
+            assert (call.forward_transient_peak_mib, call.saved_for_backward_mib) == (predicted.forward_transient / mib,
+                                                                                      predicted.held / mib)
+
+
+@pytest.mark.colpali
+def test_torchrun_trains_colqwen2s_recipe_on_two_ranks_gathering_documents(tmp_path: Path):
+    """colpali-engine's ContrastiveTrainer gathers the documents under torch.distributed by itself:
+    on two CPU ranks each rank's loss scores its 4 queries against both ranks' 8 documents, and the
+    replays match the gathered in-batch grid's formula to the byte."""
+    spec = TrainSpec(stack="colpali", batch_size=4, variant="vanilla", steps=2, device="cpu", preset="tiny", world_size=2,
+                     gather=True)  # fmt: skip
+    result = run_cell(spec, tmp_path / "cell.json")
+    assert result.outcome == "ok" and [(r.rank, r.outcome) for r in result.ranks] == [(0, "ok"), (1, "ok")]
+    for rank in result.ranks:
+        assert [(call.query_shape[0], call.doc_shape[0]) for call in rank.maxsim_calls_in_train] == [(4, 8), (4, 8)]
+    for call in result.maxsim_calls_isolated:  # rank 0's replays, against the formula from one rank's 4 documents
+        predicted = op_bytes.gathered("colpali", call.query_shape, [4, *call.doc_shape[1:]], 4, 2)
+        assert (call.forward_transient_peak_mib, call.saved_for_backward_mib) == (predicted.forward_transient / 2**20,
+                                                                                  predicted.held / 2**20)
+    with pytest.raises(SpecError, match="always gathers the documents across processes"):
+        TrainSpec(stack="colpali", world_size=2)

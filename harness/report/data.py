@@ -39,7 +39,7 @@ PARITY = "parity"  # grids/parity.yaml: traced 50-step cells, read by the parity
 LONG_RUN = "long-run"  # grids/long-run.yaml: 100-300 steps at the 80 GB ceilings, read by the ceilings page
 MULTI_GPU = "multi-gpu"  # grids/multi-gpu.yaml: data-parallel cells with gathered negatives (harness.ranks)
 PINNED_CHECK = "pinned-check"  # grids/pinned-check.yaml: repeat cells timed pinned side by side on two GPUs
-APART = (CEILINGS, SHARED_CHECK, REPEAT, PARITY, LONG_RUN, PINNED_CHECK)  # grids with their own pages or tables
+APART = (CEILINGS, SHARED_CHECK, REPEAT, PARITY, LONG_RUN, PINNED_CHECK, MULTI_GPU)  # grids with their own pages or tables
 CEILINGS_GRID = ROOT / "grids" / "ceilings.yaml"
 PUBLISHED = ROOT / "book" / "data" / "published.csv"
 # tools/investigate_lik_spike.py's record of its run on an H200: why an op cell's first lik backward
