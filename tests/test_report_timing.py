@@ -37,6 +37,8 @@ def test_a_ratio_whose_interval_holds_one_is_no_measurable_difference():
     assert timing.ratio(same_a, same_b) == tie  # seeded: the book is reproducible
     # an interval that two decimals would print as one number gets a third
     assert timing.ratio_words(timing.Ratio(1.1003, 1.0981, 1.1024)) == "1.100× faster (1.098–1.102)"
+    # slower is said the other way up: a step 1/0.98 times as long, the interval inverted with it
+    assert timing.ratio_words(timing.Ratio(0.98, 0.975, 0.985)) == "1.02× slower (1.02–1.03)"
 
 
 def test_speed_against_vanilla_and_autotune_cost():

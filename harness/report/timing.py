@@ -107,14 +107,18 @@ def autotune(result: CellResult) -> Autotune | None:
 
 
 def ratio_words(value: Ratio, faster: str = "faster", slower: str = "slower") -> str:
-    """``1.31× faster (1.25–1.37)`` or ``no measurable difference (0.97–1.04)``; three decimals
-    where two would print a measurable difference as 1.00, or an interval as one number (1.10–1.10)."""
+    """``1.31× faster (1.25–1.37)``, ``1.02× slower (1.01–1.03)`` (a speed ratio below 1 is said as
+    how many times longer a step takes, its interval inverted with it) or ``no measurable difference
+    (0.97–1.04)``; three decimals where two would print a measurable difference as 1.00, or an
+    interval as one number (1.10–1.10)."""
+    word = faster if value.value > 1 else slower
+    if value.measurable and value.value < 1:
+        value = Ratio(1 / value.value, 1 / value.high, 1 / value.low)
     one_number = value.low != value.high and f"{value.low:.2f}" == f"{value.high:.2f}"
     digits = 3 if f"{value.value:.2f}" == "1.00" or one_number else 2
     interval = f"{value.low:.{digits}f}–{value.high:.{digits}f}"
     if not value.measurable:
         return f"no measurable difference ({interval})"
-    word = faster if value.value > 1 else slower
     return f"{value.value:.{digits}f}× {word} ({interval})"
 
 
