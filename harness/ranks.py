@@ -95,14 +95,12 @@ def launch(spec: TrainSpec, output: Path, grid: str | None = None, notebook: Pat
 
 
 def rank_record(rank: int, result: CellResult | None) -> RankResult:
+    """A rank's own result as the cell keeps it: the fields of :class:`RankResult` it shares with a
+    cell's result, and its device; ``stopped`` for a rank that wrote nothing."""
     if result is None:
         return RankResult(rank=rank, outcome="stopped")
-    return RankResult(rank=rank, device=result.env.device if result.env else None, outcome=result.outcome,
-                      oom_message=result.oom_message, oom_where=result.oom_where,
-                      step_peak_alloc_mib=result.step_peak_alloc_mib, step_peak_reserved_mib=result.step_peak_reserved_mib,
-                      step_peak_alloc_per_step_mib=result.step_peak_alloc_per_step_mib,
-                      step_peak_reserved_per_step_mib=result.step_peak_reserved_per_step_mib,
-                      step_times_sec=result.step_times_sec, maxsim_calls_in_train=result.maxsim_calls_in_train)  # fmt: skip
+    shared = result.model_dump(mode="python", include=set(RankResult.model_fields) & set(CellResult.model_fields))
+    return RankResult(rank=rank, device=result.env.device if result.env else None, **shared)
 
 
 def _largest(values: list[float | None]) -> float | None:

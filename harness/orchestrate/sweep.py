@@ -110,7 +110,7 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
             echo(f"[{len(runs)}/{len(todo)}] {cell.cell_id}: {done.outcome} in {done.seconds:.0f}s"
                  f" (elapsed {time.perf_counter() - started:.0f}s{phases}){detail}")  # fmt: skip
 
-    single = [cell for cell in todo if not _world(cell) > 1]
+    single = [cell for cell in todo if _world(cell) == 1]
     multi = [cell for cell in todo if _world(cell) > 1]
     todo = single + multi  # the indices run() takes: one-GPU cells first, through the pool
     run_on_gpus(len(single), run, gpus, cells_per_gpu, pin_cpus=pin_cpus)

@@ -251,14 +251,11 @@ def training_table(traced: list[Any], published_max_gap: float | None = None) ->
         by_key.setdefault(key, {})[backend_label(result.variant, result.score_mini_batch_size)] = result
     rows = []
     for (stack, regime, batch), backends in sorted(by_key.items()):
-        vanilla = backends.get("vanilla")
         for backend in style.in_order(set(backends)):
             result = backends[backend]
             losses = result.loss_per_step
-            gaps = (loss_gaps(result, vanilla)[:min(finite_steps(result), finite_steps(vanilla))]
-                    if vanilla is not None and backend != "vanilla" else [])  # fmt: skip
             parity = result.parity
-            row = judged.get((stack, regime, batch, backend), {})
+            row = judged.get((stack, regime, batch, backend), {})  # its gaps over the steps both trained
             verdict = ("the reference" if backend == "vanilla" else "not compared" if "why" in row
                        else "noise floor" if row.get("is_floor") else "same model" if row.get("same")
                        else "not the same" if row.get("floor") is not None else "")  # fmt: skip
@@ -268,7 +265,7 @@ def training_table(traced: list[Any], published_max_gap: float | None = None) ->
             rows.append({
                 "stack · regime": f"{stack} · {regime}", "batch": batch, "backend": nowrap(style.short(backend)),
                 "loss, first → last": "—" if not losses else nowrap(f"{losses[0]:.4f} → {last}"),
-                "|Δloss| max / mean": nowrap(f"{max(gaps):.4f} / {sum(gaps) / len(gaps):.4f}") if gaps else "",
+                "|Δloss| max / mean": nowrap(f"{row['max_gap']:.4f} / {row['mean_gap']:.4f}") if "max_gap" in row else "",
                 "step-1 grad. cosine": "" if parity is None or parity.first_grad_cosine is None
                 else f"{parity.first_grad_cosine:.6f}",
                 "final ‖Δθ‖/‖θ‖": "" if weights is None else _exponent(weights) if math.isfinite(weights) else "—",
@@ -304,8 +301,11 @@ def loss_curves(traced: list[Any]) -> list[tuple[str, dict[str, list[float]]]]:
                 result.loss_per_step[:finite]
             if finite < len(result.loss_per_step):
                 diverged[key] = min(diverged.get(key, finite), finite)
-    return [(f"{stack} · {regime} · B={batch}" + (f" · diverges after step {diverged[key]}" if key in diverged else ""),
-             curves) for key, curves in sorted(panels.items()) for stack, regime, batch in [key]]  # fmt: skip
+    titled = []
+    for (stack, regime, batch), curves in sorted(panels.items()):
+        after = diverged.get((stack, regime, batch))
+        titled.append((f"{stack} · {regime} · B={batch}" + (f" · diverges after step {after}" if after else ""), curves))
+    return titled
 
 
 def published_gap(published: pd.DataFrame) -> float | None:
@@ -367,10 +367,10 @@ def finite_steps(result: Any) -> int:
 def divergence(result: Any) -> str:
     """Where a traced run diverged ("gradient not finite from step 29, loss from step 30"); empty when
     every loss and gradient norm it recorded is finite."""
-    parts = [f"{what} not finite from step {step}" for what, values in
+    parts = [f"{what} from step {step}" for what, values in
              (("gradient", result.grad_norm_per_step), ("loss", result.loss_per_step))
              if (step := _first_non_finite(values)) is not None]  # fmt: skip
-    return ", ".join(parts).replace(", loss not finite", ", loss")
+    return parts[0].replace(" from", " not finite from", 1) + "".join(f", {part}" for part in parts[1:]) if parts else ""
 
 
 def training_rows(traced: list[Any], published_max_gap: float | None) -> list[dict[str, Any]]:
