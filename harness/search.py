@@ -37,8 +37,9 @@ from harness.results import CellResult, read_results
 from harness.spec import TrainSpec, admits, make_spec
 
 MIN_STEPS = 8
-SEARCH_FIELDS = ("stack", "regime", "variant", "score_mini_batch_size", "mini_batch_size", "card", "allocator")
-EXPANDABLE = ("variant", "regime", "score_mini_batch_size", "mini_batch_size", "card", "allocator")
+SEARCH_FIELDS = ("stack", "regime", "variant", "score_mini_batch_size", "mini_batch_size", "card", "allocator",
+                 "world_size", "gather")  # fmt: skip
+EXPANDABLE = ("variant", "regime", "score_mini_batch_size", "mini_batch_size", "card", "allocator", "world_size")
 
 
 class CeilingSearch(BaseModel):
@@ -54,6 +55,8 @@ class CeilingSearch(BaseModel):
     mini_batch_size: int | None = Field(default=None, gt=0)  # the gradcache regime's
     card: str
     allocator: str = "default"
+    world_size: int = Field(default=1, ge=1)  # a data-parallel search: its probes own W GPUs, the batch is per rank
+    gather: bool = False
     seeds: tuple[int, ...] = Field(min_length=1)
     steps: int = Field(default=MIN_STEPS, ge=MIN_STEPS)
     start: int = Field(gt=0)
@@ -82,13 +85,15 @@ class CeilingSearch(BaseModel):
 
     @property
     def search_id(self) -> str:
-        """Its probes' cell id without batch size and seed: ``pylate-grad-checkpoint-lik-a100-40gb``."""
-        return f"{self.stack}-{self.regime}-{self.probe(self.start, self.seeds[0]).setting_id}"
+        """Its probes' cell id without batch size and seed: ``pylate-grad-checkpoint-lik-a100-40gb``
+        (``…-h100-80gb-w8-gather`` for a data-parallel one)."""
+        probe = self.probe(self.start, self.seeds[0])
+        return f"{self.stack}-{self.regime}-{probe.setting_id}{probe.ranks_id}"
 
     def probe(self, batch_size: int, seed: int) -> TrainSpec:
         """The spec of the probe at ``batch_size`` for ``seed``."""
         names = ("stack", "regime", "variant", "score_mini_batch_size", "mini_batch_size", "card", "allocator", "steps",
-                 "preset", "device", "model_source", "data_source")  # fmt: skip
+                 "preset", "device", "model_source", "data_source", "world_size", "gather")  # fmt: skip
         spec = make_spec({name: getattr(self, name) for name in names} | {"batch_size": batch_size, "seed": seed})
         assert isinstance(spec, TrainSpec)
         return spec

@@ -490,3 +490,38 @@ def test_a_broken_file_at_a_probe_path_is_kept_aside_said_and_the_probe_runs(tmp
     assert (result.fits, result.fails) == (672, 704)
     assert path.with_name(path.name + ".broken").read_text().startswith('{"schema_version": 2')
     assert any(line.endswith(f"kept aside as {path.name}.broken") for line in lines)
+
+
+def test_a_data_parallel_search_probes_world_size_cells_on_a_gpu_set_after_the_others(layout, monkeypatch, tmp_path):
+    wide = search(world_size=2, gather=True, limit=1024)
+    assert wide.search_id == "pylate-grad-checkpoint-vanilla-h100-80gb-w2-gather" != search().search_id
+    assert (wide.probe(256, 42).world_size, wide.probe(256, 42).gather) == (2, True)
+    assert wide.probe(256, 42).cell_id == "pylate-grad-checkpoint-b256-vanilla-h100-80gb-w2-gather"
+    order = []
+    honest = fake_probe(700)
+
+    def launch(cell, layout, gpu, gate=None):
+        order.append((cell.spec.world_size, gpu))
+        return honest(cell, layout, gpu, gate)
+
+    monkeypatch.setattr(orchestrate, "launch", launch)
+    one, two = orchestrate.run_searches([wide, search(limit=1024)], layout, gpus=["0", "1"], echo=lambda line: None)
+    assert (one.fits, one.fails, two.fits, two.fails) == (672, 704, 672, 704)
+    worlds = [world for world, _ in order]
+    assert worlds == sorted(worlds) and worlds[-1] == 2  # the one-GPU search's probes first
+    assert {gpu for world, gpu in order if world == 2} == {"0,1"}
+    # without enough GPUs a data-parallel search is stopped, with the reason, and runs nothing
+    monkeypatch.setattr(orchestrate, "launch", lambda *a, **k: pytest.fail("a probe ran without its GPUs"))
+    lines: list[str] = []
+    (stopped,) = orchestrate.run_searches([search(world_size=2, gather=True, limit=2048)], layout, gpus=["0"], echo=lines.append)
+    assert stopped.stopped == "world size 2 needs 2 GPUs, one per rank; this search was given 1"
+    assert lines == [describe(search(world_size=2, gather=True, limit=2048), stopped)]
+
+
+def test_the_committed_multi_gpu_ceilings_search_per_rank_at_world_size_8_with_gathering():
+    searches = load_searches(ROOT / "grids" / "multi-gpu-ceilings.yaml")
+    assert searches and all(s.world_size == 8 and s.gather and s.card == "h100-80gb" for s in searches)
+    assert {(s.stack, s.variant) for s in searches} == {("pylate", "vanilla"), ("pylate", "lik"), ("pylate", "flash"),
+                                                        ("colpali", "vanilla"), ("colpali", "lik")}  # fmt: skip
+    single = {s.search_id for s in load_searches(ROOT / "grids" / "ceilings.yaml")}
+    assert not single & {s.search_id for s in searches}

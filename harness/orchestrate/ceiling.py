@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from harness import gpu_gate
 from harness.grid import GridCell
 from harness.orchestrate.launcher import Gate, Layout, launch, set_aside, state
-from harness.orchestrate.pool import cell_environment, run_on_gpus
+from harness.orchestrate.pool import cell_environment, gpu_set_gate, run_on_gpus
 from harness.search import Ceiling, CeilingSearch, describe, search_state
 
 
@@ -50,7 +50,9 @@ def run_searches(searches: Sequence[CeilingSearch], layout: Layout, gpus: Sequen
                  share_gib: Mapping[str | None, float] | None = None, pin_cpus: bool = False) -> list[Ceiling]:  # fmt: skip
     """Run searches side by side: ``cells_per_gpu`` searches per GPU (one without GPUs). Where
     ``share_gib`` gives a GPU's memory, as many probes measure on it at once as their card caps fit
-    (:mod:`harness.gpu_gate`). Returns one Ceiling per search, in order; a search that raised is
+    (:mod:`harness.gpu_gate`). A data-parallel search (world size W > 1) runs after the others, its
+    probes on the first W GPUs of ``gpus`` holding every one's gate; without W GPUs it is stopped
+    with the reason. Returns one Ceiling per search, in order; a search that raised is
     returned stopped, with the error, and the others go on."""
     ceilings: list[Ceiling | None] = [None] * len(searches)
     lock = threading.Lock()
@@ -67,7 +69,19 @@ def run_searches(searches: Sequence[CeilingSearch], layout: Layout, gpus: Sequen
             ceilings[index] = Ceiling(stopped=f"{type(error).__name__}: {error}")
         say(f"[{time.perf_counter() - started:.0f}s] {describe(searches[index], ceilings[index] or Ceiling())}")
 
-    run_on_gpus(len(searches), run, gpus, cells_per_gpu, share_gib, pin_cpus)
+    single = [index for index, search in enumerate(searches) if search.world_size == 1]
+    multi = [index for index, search in enumerate(searches) if search.world_size > 1]
+    run_on_gpus(len(single), lambda k, slot, gate: run(single[k], slot, gate), gpus, cells_per_gpu, share_gib, pin_cpus)
+    for index in multi:  # then each data-parallel search, its probes on the first W GPUs, one probe at a time
+        need = searches[index].world_size
+        if gpus is None or len(gpus) < need:
+            stopped = Ceiling(stopped=f"world size {need} needs {need} GPUs, one per rank; this search was given "
+                                      f"{len(gpus) if gpus else 'none (--gpus)'}")  # fmt: skip
+            ceilings[index] = stopped
+            say(describe(searches[index], stopped))
+            continue
+        chosen = list(gpus[:need])
+        run(index, ",".join(chosen), gpu_set_gate(chosen))
     return [ceiling or Ceiling(stopped="never started") for ceiling in ceilings]
 
 

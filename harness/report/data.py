@@ -38,8 +38,11 @@ CEILINGS = "ceilings"  # the grid of the ceiling searches' probes
 PARITY = "parity"  # grids/parity.yaml: traced 50-step cells, read by the parity page (harness.report.agreement)
 LONG_RUN = "long-run"  # grids/long-run.yaml: 100-300 steps at the 80 GB ceilings, read by the ceilings page
 MULTI_GPU = "multi-gpu"  # grids/multi-gpu.yaml: data-parallel cells with gathered negatives (harness.ranks)
+MULTI_GPU_CEILINGS = "multi-gpu-ceilings"  # grids/multi-gpu-ceilings.yaml: per-rank ceilings at W = 8, gathered
+MULTI_GPU_CEILINGS_GRID = ROOT / "grids" / "multi-gpu-ceilings.yaml"
 PINNED_CHECK = "pinned-check"  # grids/pinned-check.yaml: repeat cells timed pinned side by side on two GPUs
-APART = (CEILINGS, SHARED_CHECK, REPEAT, PARITY, LONG_RUN, PINNED_CHECK, MULTI_GPU)  # grids with their own pages or tables
+# grids with their own pages or tables
+APART = (CEILINGS, SHARED_CHECK, REPEAT, PARITY, LONG_RUN, PINNED_CHECK, MULTI_GPU, MULTI_GPU_CEILINGS)
 CEILINGS_GRID = ROOT / "grids" / "ceilings.yaml"
 PUBLISHED = ROOT / "book" / "data" / "published.csv"
 # tools/investigate_lik_spike.py's record of its run on an H200: why an op cell's first lik backward

@@ -28,7 +28,8 @@ BACKENDS: dict[str, Look] = {
     "lik": Look("#ff7f0e", "s", 8),
     "flash": Look("#2ca02c", "^", 5),
 }
-CHUNKED = [Look("#d62728", "D", 6), Look("#9467bd", "v", 6), Look("#8c564b", "P", 6)]  # chunk sizes, smallest first
+# chunk sizes: 32 and 64 (PyLate's published knob) red, 128 purple, 256 brown, 16 (GradCache's score chunk) pink
+CHUNKED = [Look("#d62728", "D", 6), Look("#9467bd", "v", 6), Look("#8c564b", "P", 6), Look("#e377c2", "d", 7)]
 OTHER = Look("#7f7f7f", "X", 6)
 ORDER = ["vanilla", "lik", "flash"]  # legend order
 
@@ -43,7 +44,7 @@ def look(backend: str) -> Look:
     return OTHER
 
 
-_CHUNK_RANK = {16: 0, 32: 0, 64: 0, 128: 1, 256: 2}
+_CHUNK_RANK = {16: 3, 32: 0, 64: 0, 128: 1, 256: 2}
 
 
 def colour(backend: str) -> str:

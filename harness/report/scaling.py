@@ -1,0 +1,581 @@
+"""Where MaxSim decides the batch: GradCache (PyLate's ``CachedContrastive``) and negatives gathered
+across GPUs — the two pages' measurements, the predictions beside them, and their sentences.
+
+A *measured* figure comes from a committed result. A *predicted* one is the exact op formula of the
+replays (:mod:`harness.op_bytes`, which every vanilla replay matches to the MiB) evaluated at a
+recorded call's shapes with the batch or the world size changed; the pages label every predicted
+figure as such.
+
+GradCache: the loss scores one chunk of ``score_mini_batch_size`` queries (default: the encoder's
+mini-batch) against all B documents at a time, so vanilla's score call — the grid of that chunk
+against every document — grows linearly with B while the encoder's memory does not.
+
+Gathering: each rank scores its B local queries against the B·W documents of all ranks, so its
+vanilla grid grows with W. The per-rank step peak at W is predicted as the measured W = 1 peak plus
+what the op needs beyond W = 1: for vanilla the growth of its forward peak; for a fused backend,
+which never builds the grid, the other ranks' documents and their gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from harness import op_bytes
+from harness.grid import load_grid
+from harness.report import data, style, timing
+from harness.report.text import card_short, cards_in_order, nowrap
+from harness.results import CellResult
+from harness.spec import CARDS, GRADCACHE, GRADCACHE_MINI_BATCH, TrainSpec
+
+MIB = 1024 * 1024
+GIB_MIB = 1024.0
+WORLDS = (1, 2, 4, 8)
+PREDICTED_BATCHES = (1024, 4096, 16384)
+GATHER_CARD = "h100-80gb"
+STACK_NAMES = {"colpali": "ColQwen2", "pylate": "PyLate"}
+MULTI_GPU_GRID = Path(__file__).resolve().parents[2] / "grids" / "multi-gpu.yaml"
+
+
+def _gib(mib: float) -> str:
+    return f"{mib / GIB_MIB:.2f}"
+
+
+def _card(name: str) -> str:
+    """A card as a narrow table cell: '141 GB', '80 GB'."""
+    return card_short(name).split(" (")[0]
+
+
+def _join(parts: Sequence[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+# ---- GradCache -----------------------------------------------------------------------------------
+
+
+def score_chunk(row: pd.Series) -> int:
+    """The queries one GradCache score call takes: ``score_mini_batch_size``, else the mini-batch."""
+    for column in ("score_mini_batch_size", "mini_batch_size"):
+        value = row.get(column)
+        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+            return int(value)
+    return GRADCACHE_MINI_BATCH
+
+
+def largest_calls(calls: pd.DataFrame, stack: str, regime: str) -> pd.DataFrame:
+    """Per cell of a regime, its isolated replay with the largest forward peak (one row per cell)."""
+    chosen = data.select(calls, stack, regime) if not calls.empty else calls
+    if chosen.empty:
+        return chosen
+    chosen = chosen[chosen["forward_transient_peak_mib"].notna()]
+    return chosen.sort_values("forward_transient_peak_mib").groupby("path", sort=False).tail(1)
+
+
+def predicted_call_mib(call: pd.Series, chunk: int, batch: int) -> float:
+    """Vanilla's GradCache score call (forward peak above its inputs, MiB) for ``chunk`` queries
+    against ``batch`` documents, at the recorded call's lengths, slots, width and dtype."""
+    query = [chunk, *list(call["query_shape"])[1:]]
+    docs = [batch, *list(call["doc_shape"])[1:]]
+    return op_bytes.pylate_scores(query, docs, op_bytes.ITEMSIZE[str(call["dtype"])]).forward_transient / MIB
+
+
+def batch_over(call: pd.Series, chunk: int, usable_gib: float) -> int:
+    """The smallest batch at which vanilla's score call alone needs more than ``usable_gib``: every
+    term of the formula is proportional to the documents, so it is the usable bytes over one
+    document's share, rounded up."""
+    per_document = predicted_call_mib(call, chunk, 1)
+    return math.floor(usable_gib * GIB_MIB / per_document) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Reach:
+    """A fused GradCache cell's proof that its backend ran inside the cached loss: the backend's
+    entry-point calls beside the score calls recorded in training."""
+
+    cell_id: str
+    backend: str
+    entry_point_calls: int
+    score_calls: int
+
+
+def gradcache_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    return data.select(cells, "pylate", GRADCACHE) if not cells.empty else cells
+
+
+def reaches(cells: pd.DataFrame) -> list[Reach]:
+    """The fused cells of the GradCache regime that trained, each with its entry-point count."""
+    chosen = gradcache_cells(cells)
+    out = []
+    for _, row in chosen[(chosen["variant"] != "vanilla") & (chosen["outcome"] == "ok")].iterrows():
+        calls = row["backend_entry_point_calls"]
+        out.append(Reach(str(row["cell_id"]), str(row["backend"]), 0 if pd.isna(calls) else int(calls),
+                         int(row["n_calls_in_train"])))  # fmt: skip
+    return out
+
+
+def peak_table(cells: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
+    """Measured, per GradCache cell: the step peak, the largest score call's forward peak (its
+    isolated replay) and that call's share of the step peak, and what the fused kernels' entry
+    points counted."""
+    chosen = gradcache_cells(cells)
+    if chosen.empty:
+        return pd.DataFrame()
+    largest = largest_calls(calls, "pylate", GRADCACHE).set_index("path") if not calls.empty else pd.DataFrame()
+    rows = []
+    order = {card: k for k, card in enumerate(cards_in_order(chosen["card"]))}
+    chosen = chosen.assign(_card=chosen["card"].map(order),
+                           _backend=chosen["backend"].map(lambda b: style.in_order(chosen["backend"]).index(b)))  # fmt: skip
+    for _, row in chosen.sort_values(["_card", "batch_size", "_backend"]).iterrows():
+        call = largest.loc[row["path"]] if row["path"] in largest.index else None
+        peak = row["step_peak_alloc_mib"] if row["outcome"] == "ok" else row["pre_oom_alloc_mib"]
+        forward = None if call is None else float(call["forward_transient_peak_mib"])
+        rows.append({
+            "card": _card(str(row["card"])),
+            "B": int(row["batch_size"]),
+            "backend": row["backend"],
+            "chunk": score_chunk(row),
+            "step peak alloc / reserved (GiB)": nowrap(f"{_gib(peak)} / {_gib(row['step_peak_reserved_mib'])}")
+            if row["outcome"] == "ok" else f"OOM (at {_gib(peak)})",
+            "score call (GiB)": "—" if forward is None else _gib(forward),
+            "share of peak": "—" if forward is None or not peak else f"{forward / peak:.0%}",
+            "kernel entries / calls": "—" if row["variant"] == "vanilla"
+            else f"{int(row['backend_entry_point_calls'] or 0)} / {int(row['n_calls_in_train'])}",
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def vanilla_reference(cells: pd.DataFrame, calls: pd.DataFrame) -> tuple[pd.Series, int] | None:
+    """The vanilla GradCache replay with the largest forward on the whole H200, and its score chunk:
+    the recorded shape the predictions scale."""
+    largest = largest_calls(calls, "pylate", GRADCACHE)
+    if largest.empty:
+        return None
+    vanilla = largest[(largest["variant"] == "vanilla") & ~largest["oom_in_replay"].astype(bool)]
+    if vanilla.empty:
+        return None
+    call = vanilla.sort_values(["batch_size", "forward_transient_peak_mib"]).iloc[-1]
+    return call, score_chunk(call)
+
+
+def chunks_of(cells: pd.DataFrame) -> list[int]:
+    """The score chunks the committed vanilla GradCache cells used, largest first."""
+    chosen = gradcache_cells(cells)
+    if chosen.empty:
+        return []
+    vanilla = chosen[chosen["variant"] == "vanilla"]
+    return sorted({score_chunk(row) for _, row in vanilla.iterrows()}, reverse=True)
+
+
+def prediction_table(cells: pd.DataFrame, calls: pd.DataFrame,
+                     batches: Sequence[int] = PREDICTED_BATCHES) -> pd.DataFrame:  # fmt: skip
+    """Predicted: vanilla's score call (GiB) per score chunk and batch, and the first batch at which
+    that call alone needs more than each card's usable memory — a lower bound on where vanilla stops,
+    since the call sits on top of the cached embeddings, the weights and the optimizer's state."""
+    found = vanilla_reference(cells, calls)
+    if found is None:
+        return pd.DataFrame()
+    call, _ = found
+    rows = []
+    for chunk in chunks_of(cells):
+        row: dict[str, Any] = {"chunk (queries)": chunk}
+        row |= {f"GiB at B={batch}": _gib(predicted_call_mib(call, chunk, batch)) for batch in batches}
+        row |= {f"over {_card(name)} from B": f"{batch_over(call, chunk, card.usable_gib):,}"
+                for name, card in CARDS.items() if card.usable_gib is not None}  # fmt: skip
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def formula_gap_mib(calls: pd.DataFrame) -> float | None:
+    """The largest gap between a vanilla GradCache replay's forward peak and the formula (MiB)."""
+    largest = largest_calls(calls, "pylate", GRADCACHE)
+    if largest.empty:
+        return None
+    vanilla = largest[(largest["variant"] == "vanilla") & ~largest["oom_in_replay"].astype(bool)]
+    if vanilla.empty:
+        return None
+    gaps = [abs(float(r["forward_transient_peak_mib"]) - predicted_call_mib(r, int(r["query_shape"][0]), int(r["doc_shape"][0])))
+            for _, r in vanilla.iterrows()]  # fmt: skip
+    return max(gaps)
+
+
+def gradcache_reading(cells: pd.DataFrame, calls: pd.DataFrame) -> list[str]:
+    """The page's first screen: what ran, whether the fused kernels reached the cached loss, whether
+    the MaxSim grid sets the step peak at the measured batches, what they cost in time, and where
+    vanilla's score call alone would fill each card (predicted)."""
+    chosen = gradcache_cells(cells)
+    if chosen.empty:
+        return ["No GradCache cell has been committed yet."]
+    lines = []
+    ran = chosen[chosen["outcome"].isin(["ok", "oom"])]
+    per_card = []
+    for card in cards_in_order(ran["card"]):
+        mine = ran[ran["card"] == card]
+        batches = ", ".join(str(b) for b in sorted(mine["batch_size"].unique()))
+        per_card.append(f"{card_short(card)}: B = {batches} ({', '.join(style.in_order(mine['backend'].unique()))})")
+    oom = ran[ran["outcome"] == "oom"]
+    lines.append(f"Measured: {len(ran)} cells — " + "; ".join(per_card) + ". "
+                 + ("Every one trained." if oom.empty else f"{len(oom)} ran out of memory: "
+                    + ", ".join(oom["cell_id"]) + "."))  # fmt: skip
+    fused = reaches(cells)
+    if fused:
+        missed = [r for r in fused if r.entry_point_calls == 0]
+        counts = _join([f"{r.backend} {r.entry_point_calls} for {r.score_calls}" for r in fused
+                        if r.cell_id.endswith("-native")] or [f"{r.backend} {r.entry_point_calls}" for r in fused])  # fmt: skip
+        lines.append("The fused kernels run inside the cached loss: "
+                     + ("every fused cell's kernel entry points counted calls in training (" + counts
+                        + " score calls recorded, on the whole H200)." if not missed else
+                        "**not** in " + ", ".join(r.cell_id for r in missed) + "."))  # fmt: skip
+    lines += _peak_sentences(ran, calls)
+    lines += _time_sentences(chosen)
+    found = vanilla_reference(cells, calls)
+    if found is not None:
+        call, _ = found
+        gap = formula_gap_mib(calls)
+        parts = []
+        for chunk in chunks_of(cells):
+            over = [f"{card_short(name)} from B = {batch_over(call, chunk, card.usable_gib):,}"
+                    for name, card in CARDS.items() if card.usable_gib is not None]  # fmt: skip
+            parts.append(f"with {chunk} queries per score call, " + _join(over))
+        agree = "to the MiB" if gap is not None and gap < 1 else f"within {gap:.1f} MiB"
+        lines.append("Predicted (the op formula at the recorded shapes, which every vanilla GradCache replay matches "
+                     f"{agree}): vanilla's score call grows linearly with B and alone needs more than a "
+                     "card's usable memory " + "; ".join(parts) + ". Vanilla stops at or before these batches (the call "
+                     "sits on top of the cached embeddings, the weights and the optimizer); the fused backends never "
+                     "build that grid.")  # fmt: skip
+    return lines
+
+
+def _peak_sentences(ran: pd.DataFrame, calls: pd.DataFrame) -> list[str]:
+    lines = []
+    largest = largest_calls(calls, "pylate", GRADCACHE)
+    for card in cards_in_order(ran["card"]):
+        for batch in sorted(ran[ran["card"] == card]["batch_size"].unique()):
+            mine = ran[(ran["card"] == card) & (ran["batch_size"] == batch) & (ran["outcome"] == "ok")]
+            vanilla = mine[mine["backend"] == "vanilla"]
+            if vanilla.empty or len(mine) < 2:
+                continue
+            base = float(vanilla["step_peak_alloc_mib"].iloc[0])
+            spread = max(abs(float(p) - base) for p in mine["step_peak_alloc_mib"])
+            call = largest[largest["path"] == vanilla["path"].iloc[0]] if not largest.empty else largest
+            forward = None if call.empty else float(call["forward_transient_peak_mib"].iloc[0])
+            share = "" if forward is None else (
+                f"; vanilla's largest score call needs {_gib(forward)} GiB above its inputs ({forward / base:.0%} of "
+                "that peak) and still does not raise it")
+            same = spread <= max(0.01 * base, 64)
+            lines.append(f"At B = {batch} on the {card_short(card)} card, " + (
+                f"every backend's step peak is within {spread:.0f} MiB of vanilla's {_gib(base)} GiB: the step's peak is "
+                "set outside the MaxSim op" + share + "." if same else
+                f"the step peaks differ by up to {_gib(spread)} GiB from vanilla's {_gib(base)} GiB."))  # fmt: skip
+    return lines
+
+
+def _time_sentences(chosen: pd.DataFrame) -> list[str]:
+    lines = []
+    timed = chosen[(chosen["outcome"] == "ok") & chosen["times_comparable"].astype(bool)
+                   & chosen["steady_times_sec"].map(lambda t: isinstance(t, (list, tuple)) and len(t) > 0)]  # fmt: skip
+    for (card, batch), group in timed.groupby(["card", "batch_size"], sort=True):
+        vanilla = group[group["backend"] == "vanilla"]
+        if vanilla.empty or len(group) < 2:
+            continue
+        reference = list(vanilla["steady_times_sec"].iloc[0])
+        parts = [f"{row['backend']}: {timing.ratio_words(timing.ratio(reference, list(row['steady_times_sec'])))}"
+                 for _, row in group.iterrows() if row["backend"] != "vanilla"]  # fmt: skip
+        lines.append(f"Step time at B = {batch} on the {card_short(str(card))} card, each cell timed alone, against "
+                     f"vanilla's median {np.median(reference):.2f} s per step (bootstrap 95% intervals): "
+                     + "; ".join(parts) + ".")
+    return lines
+
+
+def plot_gradcache(cells: pd.DataFrame, calls: pd.DataFrame) -> Figure | None:
+    """Vanilla's score call with B per score chunk (predicted lines, replays as points), the measured
+    step peaks of every backend, and each card's usable memory."""
+    found = vanilla_reference(cells, calls)
+    chosen = gradcache_cells(cells)
+    if found is None or chosen.empty:
+        return None
+    call, _ = found
+    figure, axis = plt.subplots(figsize=(8.4, 4.4))
+    batches = np.geomspace(512, 65536, 64)
+    labels = {score_chunk(row): str(row["backend"]) for _, row in chosen[chosen["variant"] == "vanilla"].iterrows()}
+    for chunk in chunks_of(cells):
+        backend = labels[chunk]
+        axis.plot(batches, [predicted_call_mib(call, chunk, int(b)) / GIB_MIB for b in batches], linestyle="--",
+                  color=style.colour(backend), label=f"{backend}: score call, predicted")  # fmt: skip
+    largest = largest_calls(calls, "pylate", GRADCACHE)
+    replays = largest[largest["variant"] == "vanilla"] if not largest.empty else largest
+    for _, row in replays.iterrows():
+        axis.plot(row["batch_size"], row["forward_transient_peak_mib"] / GIB_MIB, marker="o", fillstyle="none",
+                  color=style.colour(str(row["backend"])), markersize=9, linestyle="none")  # fmt: skip
+    ok = chosen[chosen["outcome"] == "ok"]
+    for k, backend in enumerate(style.in_order(ok["backend"].unique())):
+        mine = ok[ok["backend"] == backend].groupby("batch_size")["step_peak_alloc_mib"].max()
+        look = style.look(backend)
+        shift = 2 ** (0.03 * (k - 1.5))
+        axis.plot(mine.index.to_numpy() * shift, mine.to_numpy() / GIB_MIB, marker=look.marker, markersize=look.size,
+                  color=look.colour, linestyle="none", label=f"{backend}: step peak, measured")  # fmt: skip
+    for name, card in CARDS.items():
+        if card.usable_gib is None or name in ("a100-40gb", "l40s-48gb"):
+            continue
+        axis.axhline(card.usable_gib, color="grey", linestyle=":", linewidth=1)
+        axis.text(600, card.usable_gib * 1.04, f"{card_short(name)}: {card.usable_gib} GiB", fontsize=8, color="dimgrey")
+    axis.plot([], [], marker="o", fillstyle="none", color="black", linestyle="none", label="score call, replay (measured)")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log", base=2)
+    axis.set_xticks([512, 1024, 4096, 16384, 65536], ["512", "1024", "4096", "16384", "65536"])
+    axis.set_yticks([1, 4, 16, 64, 256], ["1", "4", "16", "64", "256"])
+    axis.minorticks_off()
+    axis.set_xlabel("batch size B")
+    axis.set_ylabel("GiB")
+    axis.set_title("GradCache: vanilla's score call (predicted, lines) and step peaks (measured)", fontsize=10)
+    axis.grid(True, which="major", alpha=0.3)
+    style.ticks(axis)
+    style.legend(axis)
+    figure.tight_layout()
+    return figure
+
+
+# ---- negatives gathered across GPUs --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    stack: str
+    regime: str
+    batch: int
+    backend: str
+
+
+@dataclasses.dataclass
+class Scaling:
+    """One recipe's per-rank step peak with the world size: the W = 1 measurement it grows from (and
+    where it came from), the prediction per W, and the multi-GPU cells' measurements by W."""
+
+    recipe: Recipe
+    base_mib: float | None
+    base_from: str | None
+    predicted_mib: dict[int, float]
+    measured: dict[int, tuple[str, float | None]]  # W → (outcome, per-rank peak MiB: the largest rank's)
+
+
+def planned_recipes(path: Path = MULTI_GPU_GRID) -> list[tuple[Recipe, int]]:
+    """The (recipe, world size) pairs ``grids/multi-gpu.yaml`` plans."""
+    out = []
+    for cell in load_grid(path):
+        spec = cell.spec
+        if isinstance(spec, TrainSpec):
+            backend = data.backend_label(spec.variant, spec.score_mini_batch_size)
+            out.append((Recipe(spec.stack, spec.regime, spec.batch_size, backend), spec.world_size))
+    return out
+
+
+def _one_gpu_peak(cells: pd.DataFrame, recipe: Recipe) -> tuple[float, str] | None:
+    """A one-GPU cell of the recipe on the 80 GB profile (default allocator) that trained: its step
+    peak and its grid (the multi-gpu grid's own W = 1 cell is preferred, by the caller)."""
+    if cells.empty:
+        return None
+    mine = data.matching(cells, stack=recipe.stack, regime=recipe.regime, batch_size=recipe.batch, backend=recipe.backend,
+                         card=GATHER_CARD, allocator="default", outcome="ok")  # fmt: skip
+    if mine.empty:
+        return None
+    row = mine.sort_values("grid").iloc[0]
+    return float(row["step_peak_alloc_mib"]), str(row["grid"])
+
+
+def _vanilla_call(calls: pd.DataFrame, recipe: Recipe) -> pd.Series | None:
+    if calls.empty:
+        return None
+    mine = data.matching(calls, stack=recipe.stack, regime=recipe.regime, batch_size=recipe.batch, variant="vanilla")
+    mine = mine[mine["score_mini_batch_size"].isna() & mine["forward_transient_peak_mib"].notna()]
+    mine = mine[~mine["oom_in_replay"].astype(bool)]
+    return None if mine.empty else mine.sort_values("forward_transient_peak_mib").iloc[-1]
+
+
+def rank_growth_mib(call: pd.Series, backend: str, world: int) -> float:
+    """Predicted: what one rank's op needs at ``world`` beyond W = 1 (MiB) — vanilla: the growth of
+    its forward peak (the gathered grid); a fused backend: the other ranks' documents and their
+    gradient."""
+    stack, itemsize = str(call["stack"]), op_bytes.ITEMSIZE[str(call["dtype"])]
+    query, docs = list(call["query_shape"]), list(call["doc_shape"])
+    if backend == "vanilla":
+        return (op_bytes.gathered(stack, query, docs, itemsize, world).forward_transient
+                - op_bytes.gathered(stack, query, docs, itemsize, 1).forward_transient) / MIB  # fmt: skip
+    return 2 * (world - 1) * float(np.prod(docs)) * itemsize / MIB
+
+
+def scalings(results: data.Results, cells: pd.DataFrame, calls: pd.DataFrame,
+             planned: Sequence[tuple[Recipe, int]] | None = None) -> list[Scaling]:  # fmt: skip
+    """Per recipe of the multi-GPU grid: its W = 1 base (the grid's own W = 1 cell, else a one-GPU
+    cell of the same recipe and card), the predicted per-rank peak at every W, and what the
+    multi-GPU cells measured."""
+    planned = planned_recipes() if planned is None else planned
+    measured: dict[Recipe, dict[int, tuple[str, float | None]]] = {}
+    for _, result in results.of(data.MULTI_GPU):
+        spec = result.spec
+        if not isinstance(spec, TrainSpec) or spec.card != GATHER_CARD:
+            continue
+        recipe = Recipe(spec.stack, spec.regime, spec.batch_size, data.backend_label(spec.variant, spec.score_mini_batch_size))
+        measured.setdefault(recipe, {})[result.world_size] = (result.outcome, _rank_peak(result))
+    out = []
+    for recipe in dict.fromkeys(recipe for recipe, _ in planned):
+        own = measured.get(recipe, {})
+        base: tuple[float, str] | None = None
+        if 1 in own and own[1][0] == "ok" and own[1][1] is not None:
+            base = (float(own[1][1]), data.MULTI_GPU)
+        else:
+            base = _one_gpu_peak(cells, recipe)
+        call = _vanilla_call(calls, recipe)
+        predicted = {} if base is None or call is None else {
+            world: base[0] + rank_growth_mib(call, recipe.backend, world) for world in WORLDS}
+        out.append(Scaling(recipe, None if base is None else base[0], None if base is None else base[1], predicted, own))
+    return out
+
+
+def _rank_peak(result: CellResult) -> float | None:
+    if result.outcome == "ok":
+        return result.step_peak_alloc_mib
+    return result.pre_oom_alloc_mib
+
+
+def recipe_name(recipe: Recipe) -> str:
+    return f"{STACK_NAMES[recipe.stack]} · {recipe.regime} · B = {recipe.batch} per rank"
+
+
+def first_over(scaling: Scaling, usable_gib: float) -> int | None:
+    """The first planned W at which the predicted per-rank peak passes ``usable_gib``."""
+    over = [world for world, mib in sorted(scaling.predicted_mib.items()) if mib / GIB_MIB > usable_gib]
+    return over[0] if over else None
+
+
+def scaling_table(rows: Sequence[Scaling]) -> pd.DataFrame:
+    """Per recipe and backend: the W = 1 base (measured), and per W the per-rank peak — measured
+    where a multi-GPU cell ran (m), otherwise predicted (p)."""
+    table = []
+    for row in rows:
+        entry: dict[str, Any] = {"recipe": recipe_name(row.recipe), "backend": row.recipe.backend,
+                                 "W = 1, measured": "—" if row.base_mib is None else _gib(row.base_mib)}  # fmt: skip
+        for world in WORLDS[1:]:
+            measured = row.measured.get(world)
+            if measured is not None:
+                outcome, mib = measured
+                entry[f"W = {world}"] = (f"{_gib(mib)} (m)" if outcome == "ok" and mib is not None
+                                         else f"{outcome.upper() if outcome == 'oom' else outcome} (m)")  # fmt: skip
+            else:
+                entry[f"W = {world}"] = f"{_gib(row.predicted_mib[world])} (p)" if world in row.predicted_mib else "—"
+        table.append(entry)
+    return pd.DataFrame(table)
+
+
+def scaling_reading(rows: Sequence[Scaling], card: str = GATHER_CARD) -> list[str]:
+    """In words: how many multi-GPU cells have run, where vanilla's predicted per-rank peak passes
+    the card, and how far the fused backends' peaks move by W = 8."""
+    usable = CARDS[card].usable_gib or 0.0
+    lines = []
+    measured = sum(1 for row in rows for world in row.measured if world > 1)
+    at_one = sum(1 for row in rows if row.base_from == data.MULTI_GPU)
+    lines.append(f"Measured on several GPUs so far: {measured} cells at W > 1"
+                 + (f" (and {at_one} at W = 1)" if at_one else "")
+                 + ("; every W ≥ 2 figure below is predicted." if not measured else ".")
+                 + " Each W = 1 base is a measured one-GPU step peak on the 80 GB profile.")  # fmt: skip
+    for recipe_rows in _by_recipe(rows).values():
+        name = recipe_name(recipe_rows[0].recipe)
+        parts = []
+        for row in recipe_rows:
+            if not row.predicted_mib:
+                parts.append(f"{row.recipe.backend}: no W = 1 base yet")
+                continue
+            over = first_over(row, usable)
+            last = row.predicted_mib[max(row.predicted_mib)]
+            top = max(row.predicted_mib)
+            parts.append(f"{row.recipe.backend} " + (f"passes the card's {usable} GiB from W = {over}" if over else
+                                                     f"stays below {usable} GiB ({_gib(last)} GiB at W = {top})"))  # fmt: skip
+        lines.append(f"{name} (predicted per-rank step peak): " + "; ".join(parts) + ".")
+    return lines
+
+
+def _by_recipe(rows: Sequence[Scaling]) -> dict[tuple[str, str, int], list[Scaling]]:
+    grouped: dict[tuple[str, str, int], list[Scaling]] = {}
+    for row in rows:
+        grouped.setdefault((row.recipe.stack, row.recipe.regime, row.recipe.batch), []).append(row)
+    return grouped
+
+
+def plot_scaling(rows: Sequence[Scaling], card: str = GATHER_CARD) -> Figure | None:
+    """Per recipe, the per-rank step peak against W: predicted (dashed, open markers) beside what
+    was measured (filled: the W = 1 base and any multi-GPU cell; a cross for one that ran out of
+    memory), with the card's usable memory."""
+    groups = _by_recipe([row for row in rows if row.predicted_mib or row.measured])
+    if not groups:
+        return None
+    columns = 2
+    lines = -(-len(groups) // columns)
+    figure, axes = plt.subplots(lines, columns, figsize=(10.5, 3.4 * lines), squeeze=False, sharex=True)
+    usable = CARDS[card].usable_gib
+    for axis, recipe_rows in zip(axes.flat, groups.values(), strict=False):
+        for row in recipe_rows:
+            look = style.look(row.recipe.backend)
+            worlds = sorted(row.predicted_mib)
+            axis.plot(worlds, [row.predicted_mib[w] / GIB_MIB for w in worlds], linestyle="--", marker=look.marker,
+                      fillstyle="none", color=look.colour, markersize=look.size,
+                      label=f"{row.recipe.backend}, predicted")  # fmt: skip
+            points = ({1: ("ok", row.base_mib)} if row.base_mib is not None else {}) | row.measured
+            for world, (outcome, mib) in sorted(points.items()):
+                if mib is None:
+                    continue
+                axis.plot(world, mib / GIB_MIB, marker="X" if outcome == "oom" else look.marker, color=look.colour,
+                          markersize=look.size + 1, linestyle="none",
+                          label=f"{row.recipe.backend}, measured" if world == 1 else None)  # fmt: skip
+        if usable:
+            axis.axhline(usable, color="grey", linestyle=":", linewidth=1)
+            axis.text(1.05, usable * 0.93, f"{card_short(card)} usable: {usable} GiB", fontsize=8, color="dimgrey", va="top")
+        axis.set_xscale("log", base=2)
+        axis.set_ylim(0, None)
+        axis.set_xticks(list(WORLDS), [str(w) for w in WORLDS])
+        axis.minorticks_off()
+        axis.set_title(recipe_name(recipe_rows[0].recipe), fontsize=10)
+        axis.set_xlabel("GPUs W")
+        axis.set_ylabel("per-rank step peak (GiB)")
+        axis.grid(True, which="major", alpha=0.3)
+        style.ticks(axis)
+    for axis in list(axes.flat)[len(groups):]:
+        axis.set_visible(False)
+    handles: dict[str, Any] = {}
+    for axis in axes.flat:
+        for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    backends = style.in_order({label.split(",")[0] for label in handles})
+    order = sorted(handles, key=lambda label: (backends.index(label.split(",")[0]), label))
+    figure.legend([handles[label] for label in order], order, loc="upper center", ncol=min(len(order), 4),
+                  fontsize=style.LEGEND_PT, frameon=False, bbox_to_anchor=(0.5, 1.0))  # fmt: skip
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.5 / (3.4 * lines)))
+    return figure
+
+
+def ceiling_table(searches: Sequence[data.SearchRow]) -> pd.DataFrame:
+    """The per-rank ceiling searches with gathered negatives (``grids/multi-gpu-ceilings.yaml``): per
+    search its recipe, world size, the batch per rank it found (or how far it got), beside the
+    same backend's one-GPU ceiling on that card from the ceilings grid where it settled."""
+    from harness.report.text import ceiling_text
+
+    def key(row: data.SearchRow) -> tuple[str, str, str]:
+        return row.search.stack, row.search.regime, data.backend_label(row.search.variant, row.search.score_mini_batch_size)
+
+    one_gpu = {key(row): row for row in data.ceilings()
+               if (row.search.card, row.search.allocator, row.search.world_size) == (GATHER_CARD, "default", 1)}  # fmt: skip
+    rows = []
+    for row in searches:
+        search = row.search
+        backend = key(row)[2]
+        alone = one_gpu.get(key(row))
+        rows.append({"stack · regime": f"{STACK_NAMES[search.stack]} · {search.regime}",
+                     "backend": backend, "GPUs": search.world_size, "card": _card(search.card),
+                     f"ceiling per rank, W = {search.world_size}": ceiling_text(row), "probes": row.probes,
+                     "one GPU (ceilings page)": "—" if alone is None else ceiling_text(alone)})  # fmt: skip
+    return pd.DataFrame(rows)

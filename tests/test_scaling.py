@@ -1,0 +1,137 @@
+"""The GradCache and gathered-negatives pages: their predictions are the op formula at recorded shapes
+(checked against the committed replays), and their sentences say what the committed results hold."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from harness import op_bytes
+from harness.report import data, scaling, style
+from harness.spec import CARDS
+
+
+@pytest.fixture(scope="module")
+def committed() -> tuple[data.Results, pd.DataFrame, pd.DataFrame]:
+    results = data.read()
+    cells, calls = data.load(results)
+    return results, cells, calls
+
+
+def _gradcache(committed: tuple[data.Results, pd.DataFrame, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    _, cells, calls = committed
+    cells, calls = data.select(cells, "pylate", "gradcache"), data.select(calls, "pylate", "gradcache")
+    if cells.empty:
+        pytest.skip("no GradCache cell committed")
+    return cells, calls
+
+
+def test_the_gradcache_prediction_is_every_vanilla_replay_at_its_own_shape(committed):
+    cells, calls = _gradcache(committed)
+    largest = scaling.largest_calls(calls, "pylate", "gradcache")
+    vanilla = largest[largest["variant"] == "vanilla"]
+    assert not vanilla.empty
+    for _, call in vanilla.iterrows():
+        chunk, batch = int(call["query_shape"][0]), int(call["doc_shape"][0])
+        assert abs(scaling.predicted_call_mib(call, chunk, batch) - call["forward_transient_peak_mib"]) <= 1.0
+    assert scaling.formula_gap_mib(calls) <= 1.0
+
+
+def test_vanilla_s_score_call_is_linear_in_the_batch_and_the_first_batch_over_a_card_is_exact(committed):
+    cells, calls = _gradcache(committed)
+    call, chunk = scaling.vanilla_reference(cells, calls)
+    assert scaling.predicted_call_mib(call, chunk, 2048) == pytest.approx(2 * scaling.predicted_call_mib(call, chunk, 1024))
+    # a quarter of the queries: a quarter of the grid, but the documents' copy for the matmul stays
+    quarter, whole = scaling.predicted_call_mib(call, 16, 1024), scaling.predicted_call_mib(call, 64, 1024)
+    assert whole / 4 < quarter < whole / 3
+    for card in CARDS.values():
+        if card.usable_gib is None:
+            continue
+        first = scaling.batch_over(call, chunk, card.usable_gib)
+        assert scaling.predicted_call_mib(call, chunk, first) > card.usable_gib * 1024
+        assert scaling.predicted_call_mib(call, chunk, first - 1) <= card.usable_gib * 1024
+
+
+def test_the_fused_gradcache_cells_ran_their_kernels_inside_the_cached_loss(committed):
+    cells, calls = _gradcache(committed)
+    fused = scaling.reaches(cells)
+    assert fused and all(r.entry_point_calls > 0 and r.score_calls > 0 for r in fused)
+    text = " ".join(scaling.gradcache_reading(cells, calls))
+    assert "The fused kernels run inside the cached loss" in text and "**not**" not in text
+
+
+def test_the_peak_sentence_says_the_op_does_not_set_the_peak_only_when_every_backend_peaks_alike(committed):
+    cells, calls = _gradcache(committed)
+    native = cells[(cells["card"] == "native") & (cells["batch_size"] == 1024) & (cells["outcome"] == "ok")]
+    spread = (native["step_peak_alloc_mib"] - native[native["backend"] == "vanilla"]["step_peak_alloc_mib"].iloc[0]).abs().max()
+    sentences = [line for line in scaling.gradcache_reading(cells, calls) if line.startswith("At B = 1024 on the 141 GB")]
+    assert len(sentences) == 1
+    if spread <= 64:
+        assert f"within {spread:.0f} MiB" in sentences[0] and "set outside the MaxSim op" in sentences[0]
+    # a fused backend that peaked 4 GiB lower would mean the grid set vanilla's peak: the sentence must change
+    lower = cells.copy()
+    fused = (lower["card"] == "native") & (lower["backend"] == "lik") & (lower["batch_size"] == 1024)
+    lower.loc[fused, "step_peak_alloc_mib"] -= 4096
+    changed = [line for line in scaling.gradcache_reading(lower, calls) if line.startswith("At B = 1024 on the 141 GB")]
+    assert "differ by up to" in changed[0] and "outside the MaxSim op" not in changed[0]
+
+
+def test_the_gradcache_tables_and_figure_show_every_cell(committed):
+    cells, calls = _gradcache(committed)
+    table = scaling.peak_table(cells, calls)
+    assert len(table) == len(cells) and not table.isna().any().any()
+    assert "None" not in table.to_string() and "nan" not in table.to_string()
+    predicted = scaling.prediction_table(cells, calls)
+    assert list(predicted["chunk (queries)"]) == scaling.chunks_of(cells)
+    figure = scaling.plot_gradcache(cells, calls)
+    colours = {line.get_label().split(":")[0]: line.get_color() for line in figure.axes[0].get_lines() if ":" in line.get_label()}
+    assert colours and all(colour == style.colour(backend) for backend, colour in colours.items())
+
+
+def test_the_multi_gpu_grid_plans_every_recipe_at_every_world_size():
+    planned = scaling.planned_recipes()
+    recipes = {recipe for recipe, _ in planned}
+    assert len(planned) == 4 * len(recipes) and {world for _, world in planned} == set(scaling.WORLDS)
+    assert {r.backend for r in recipes if r.stack == "pylate"} == {"vanilla", "lik", "flash"}
+
+
+def test_the_gathered_model_grows_from_the_measured_base_by_the_op_formula(committed):
+    results, cells, calls = committed
+    rows = scaling.scalings(results, cells, calls)
+    assert rows
+    for row in rows:
+        if not row.predicted_mib:
+            continue
+        assert row.predicted_mib[1] == pytest.approx(row.base_mib)
+        call = scaling._vanilla_call(calls, row.recipe)
+        stack, itemsize = row.recipe.stack, op_bytes.ITEMSIZE[str(call["dtype"])]
+        if row.recipe.backend == "vanilla":
+            grid = [op_bytes.gathered(stack, call["query_shape"], call["doc_shape"], itemsize, w).forward_transient
+                    for w in (1, 8)]  # fmt: skip
+            assert row.predicted_mib[8] - row.base_mib == pytest.approx((grid[1] - grid[0]) / 2**20)
+        else:  # the other ranks' documents and their gradient: linear in W − 1
+            growth = [row.predicted_mib[w] - row.base_mib for w in (2, 4, 8)]
+            assert growth[1] == pytest.approx(3 * growth[0]) and growth[2] == pytest.approx(7 * growth[0])
+
+
+def test_the_scaling_table_and_sentences_mark_measured_and_predicted(committed):
+    results, cells, calls = committed
+    rows = scaling.scalings(results, cells, calls)
+    table = scaling.scaling_table(rows)
+    measured = sum(1 for row in rows for world in row.measured if world > 1)
+    assert (table[["W = 2", "W = 4", "W = 8"]].apply(lambda col: col.str.endswith("(m)")).sum().sum()) == measured
+    lines = scaling.scaling_reading(rows)
+    assert lines[0].startswith(f"Measured on several GPUs so far: {measured} cells at W > 1")
+    usable = CARDS["h100-80gb"].usable_gib
+    for row in rows:
+        over = scaling.first_over(row, usable)
+        if over is not None:
+            assert any(f"{row.recipe.backend} passes the card's {usable} GiB from W = {over}" in line for line in lines)
+    # a measured W = 2 cell shows as measured, with the outcome where it failed
+    some = next(row for row in rows if row.predicted_mib)
+    fake = [dataclasses.replace(some, measured={2: ("oom", None), 4: ("ok", 40960.0)})]
+    shown = scaling.scaling_table(fake).iloc[0]
+    assert shown["W = 2"] == "OOM (m)" and shown["W = 4"] == "40.00 (m)" and shown["W = 8"].endswith("(p)")
+    assert scaling.plot_scaling(rows) is not None
