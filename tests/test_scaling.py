@@ -133,5 +133,5 @@ def test_the_scaling_table_and_sentences_mark_measured_and_predicted(committed):
     some = next(row for row in rows if row.predicted_mib)
     fake = [dataclasses.replace(some, measured={2: ("oom", None), 4: ("ok", 40960.0)})]
     shown = scaling.scaling_table(fake).iloc[0]
-    assert shown["W = 2"] == "OOM (m)" and shown["W = 4"] == "40.00 (m)" and shown["W = 8"].endswith("(p)")
+    assert shown["W = 2"] == "OOM\u00a0(m)" and shown["W = 4"] == "40.00\u00a0(m)" and shown["W = 8"].endswith("(p)")
     assert scaling.plot_scaling(rows) is not None

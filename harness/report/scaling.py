@@ -51,7 +51,7 @@ def _gib(mib: float) -> str:
 
 def _card(name: str) -> str:
     """A card as a narrow table cell: '141 GB', '80 GB'."""
-    return card_short(name).split(" (")[0]
+    return nowrap(card_short(name).split(" (")[0])
 
 
 def _join(parts: Sequence[str]) -> str:
@@ -459,16 +459,17 @@ def scaling_table(rows: Sequence[Scaling]) -> pd.DataFrame:
     where a multi-GPU cell ran (m), otherwise predicted (p)."""
     table = []
     for row in rows:
-        entry: dict[str, Any] = {"recipe": recipe_name(row.recipe), "backend": row.recipe.backend,
-                                 "W = 1, measured": "—" if row.base_mib is None else _gib(row.base_mib)}  # fmt: skip
+        entry: dict[str, Any] = {"stack · regime": nowrap(f"{STACK_NAMES[row.recipe.stack]} · {row.recipe.regime}"),
+                                 "B per rank": row.recipe.batch, "backend": row.recipe.backend,
+                                 "W = 1": "—" if row.base_mib is None else f"{_gib(row.base_mib)}\u00a0(m)"}  # fmt: skip
         for world in WORLDS[1:]:
             measured = row.measured.get(world)
             if measured is not None:
                 outcome, mib = measured
-                entry[f"W = {world}"] = (f"{_gib(mib)} (m)" if outcome == "ok" and mib is not None
-                                         else f"{outcome.upper() if outcome == 'oom' else outcome} (m)")  # fmt: skip
+                entry[f"W = {world}"] = nowrap(f"{_gib(mib)} (m)" if outcome == "ok" and mib is not None
+                                                else f"{outcome.upper() if outcome == 'oom' else outcome} (m)")  # fmt: skip
             else:
-                entry[f"W = {world}"] = f"{_gib(row.predicted_mib[world])} (p)" if world in row.predicted_mib else "—"
+                entry[f"W = {world}"] = nowrap(f"{_gib(row.predicted_mib[world])} (p)") if world in row.predicted_mib else "—"
         table.append(entry)
     return pd.DataFrame(table)
 
@@ -574,8 +575,7 @@ def ceiling_table(searches: Sequence[data.SearchRow]) -> pd.DataFrame:
         search = row.search
         backend = key(row)[2]
         alone = one_gpu.get(key(row))
-        rows.append({"stack · regime": f"{STACK_NAMES[search.stack]} · {search.regime}",
-                     "backend": backend, "GPUs": search.world_size, "card": _card(search.card),
-                     f"ceiling per rank, W = {search.world_size}": ceiling_text(row), "probes": row.probes,
-                     "one GPU (ceilings page)": "—" if alone is None else ceiling_text(alone)})  # fmt: skip
+        rows.append({"stack · regime": nowrap(f"{STACK_NAMES[search.stack]} · {search.regime}"), "backend": backend,
+                     "card": _card(search.card), f"per rank, W = {search.world_size}": ceiling_text(row),
+                     "probes": row.probes, "one GPU": "—" if alone is None else ceiling_text(alone)})  # fmt: skip
     return pd.DataFrame(rows)
