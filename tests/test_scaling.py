@@ -135,3 +135,16 @@ def test_the_scaling_table_and_sentences_mark_measured_and_predicted(committed):
     shown = scaling.scaling_table(fake).iloc[0]
     assert shown["W = 2"] == "OOM\u00a0(m)" and shown["W = 4"] == "40.00\u00a0(m)" and shown["W = 8"].endswith("(p)")
     assert scaling.plot_scaling(rows) is not None
+
+
+def test_the_cost_sentence_counts_the_searches_and_scales_the_measured_step(committed):
+    results, _, _ = committed
+    cells, _ = _gradcache(committed)
+    searches = data.ceilings(results)
+    mine = [row for row in searches if (row.search.stack, row.search.regime) == ("pylate", "gradcache")]
+    text = scaling.gradcache_cost_words(cells, searches)
+    assert text.startswith(f"The ceilings grid holds {len(mine)} GradCache searches")
+    vanilla = cells[(cells["variant"] == "vanilla") & cells["score_mini_batch_size"].isna() & (cells["card"] == "native")]
+    row = vanilla.sort_values("batch_size").iloc[-1]
+    minutes = 9 * row["steady_step_time_sec"] * 16384 / row["batch_size"] / 60
+    assert f"took {row['steady_step_time_sec']:.2f} s" in text and f"at least {minutes:.0f} minutes" in text

@@ -579,3 +579,29 @@ def ceiling_table(searches: Sequence[data.SearchRow]) -> pd.DataFrame:
                      "card": _card(search.card), f"per rank, W = {search.world_size}": ceiling_text(row),
                      "probes": row.probes, "one GPU": "—" if alone is None else ceiling_text(alone)})  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow], probe_steps: int = 9,
+                         batch: int = 16384) -> str:  # fmt: skip
+    """What is not measured yet of the GradCache regime and what it costs, from the measured steps:
+    the ceiling searches of the regime by state, and a lower bound on one probe's time at ``batch``
+    (the encoder's work grows linearly with B, vanilla's scoring quadratically)."""
+    from harness.report.text import ceiling_text
+
+    mine = [row for row in searches if (row.search.stack, row.search.regime) == ("pylate", GRADCACHE)]
+    states = pd.Series([ceiling_text(row) for row in mine]).value_counts() if mine else pd.Series(dtype=int)
+    text = (f"The ceilings grid holds {len(mine)} GradCache searches; "
+            + (", ".join(f"{count} {state}" for state, count in states.items()) if mine else "none yet") + ".")
+    chosen = gradcache_cells(cells)
+    if chosen.empty:
+        return text
+    timed = chosen[(chosen["variant"] == "vanilla") & chosen["score_mini_batch_size"].isna() & (chosen["card"] == "native")
+                   & chosen["times_comparable"].astype(bool) & chosen["steady_step_time_sec"].notna()]  # fmt: skip
+    if not timed.empty:
+        row = timed.sort_values("batch_size").iloc[-1]
+        seconds, measured = float(row["steady_step_time_sec"]), int(row["batch_size"])
+        minutes = probe_steps * seconds * batch / measured / 60
+        text += (f" A vanilla GradCache step at B = {measured} took {seconds:.2f} s on the whole H200 (timed alone); the "
+                 "encoder's work grows linearly with B and vanilla's scoring quadratically, so one probe of "
+                 f"{probe_steps} steps at B = {batch:,} takes at least {minutes:.0f} minutes of GPU.")  # fmt: skip
+    return text
