@@ -154,9 +154,12 @@ def key_of(result: CellResult) -> Key:
 
 
 def training_results(results: data.Results) -> list[CellResult]:
-    """The full-size training cells the model learns from (re-runs left out: their twins are in)."""
+    """The full-size training cells the model learns from (re-runs left out: their twins are in), of
+    the recipes it models: GradCache scores per query chunk against every document, a MaxSim term
+    the model's planned calls do not describe, so its cells are left out rather than fitted wrong."""
     return [result for _, result in results.excluding(*LEAVE_OUT_GRIDS)
             if result.kind == "train" and result.preset == "full" and result.outcome in ("ok", "oom")
+            and (result.stack, result.regime) in RECIPES
             and result.env is not None and result.env.device_capacity_mib is not None]  # fmt: skip
 
 
@@ -364,7 +367,10 @@ def fit(results: data.Results, exclude_card: str | None = None) -> MemoryModel:
     chunks = {key_of(r): r.score_mini_batch_size for r in chosen}
     peaks = {}
     for key in sorted({p.key for p in points}):
-        peaks[key] = fit_peak(key, [p for p in points if p.key == key], chunks[key])
+        mine = [p for p in points if p.key == key]
+        if len({p.batch for p in mine}) < 2:  # one batch cannot tell a fixed cost from a per-token one
+            continue
+        peaks[key] = fit_peak(key, mine, chunks[key])
     outcomes = [outcome_of(r) for r in chosen]
     margins = {}
     for key, allocator in sorted({(o.key, o.allocator) for o in outcomes}):

@@ -81,6 +81,11 @@ def test_the_step_time_line_reads_timed_cells_only(committed):
         assert seconds == float(timed[timed["backend"] == backend]["steady_step_time_sec"].item())
     untimed = cells.assign(times_comparable=False)
     assert decision.timed_batch(untimed, "pylate", "grad-checkpoint") is None
+    # a regime timed only on the whole H200 (GradCache) reads its times there, and says the card
+    gradcache = cells[(cells["stack"] == "pylate") & (cells["regime"] == "gradcache")]
+    if not gradcache[gradcache["card"] == "h100-80gb"]["backend"].nunique() > 1:
+        found = decision.timed_batch(cells, "pylate", "gradcache")
+        assert found is not None and found.card == "native" and "141 GB" in decision.time_words(found)
     assert decision.time_words(None).startswith("No batch")
 
 

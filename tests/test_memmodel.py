@@ -44,16 +44,24 @@ def test_the_analytic_maxsim_bytes_are_the_ones_every_result_recorded(results):
 
 
 def test_the_fitted_peaks_reproduce_every_committed_step(results, model):
-    """PyLate's step peaks are reproduced within 50 MiB; ColQwen2's within 1.6 GiB (its steps differ
-    by up to 1.4 GiB at one batch and one set of recorded lengths: page content the shapes don't show)."""
-    worst = {}
+    """PyLate's step peaks are reproduced within 50 MiB; ColQwen2's within 3 GiB and 5% of each step's
+    peak, not exactly (its steps differ by up to 1.5 GiB at one batch and one set of recorded lengths,
+    and at B = 256 the step with the longest queries peaks lowest: page content the shapes don't show)."""
+    worst: dict[str, float] = {}
+    relative: dict[str, float] = {}
+    points = [point for result in memmodel.training_results(results) for point in memmodel.step_points(result)]
+    unfitted = {point.key for point in points} - set(model.peaks)  # one batch: no fixed / per-token split
+    assert all(len({p.batch for p in points if p.key == key}) == 1 for key in unfitted)
     for result in memmodel.training_results(results):
         for point in memmodel.step_points(result):
+            if point.key in unfitted:
+                continue
             lengths = memmodel.Lengths(point.query_tokens, point.doc_tokens, point.slots, point.dim)
             error = abs(model.predict_peak(point.key, point.batch, lengths) - point.peak_alloc_mib)
             worst[point.key[0]] = max(worst.get(point.key[0], 0.0), error)
+            relative[point.key[0]] = max(relative.get(point.key[0], 0.0), error / point.peak_alloc_mib)
     assert worst["pylate"] < 50
-    assert 500 < worst["colpali"] < 1600
+    assert 500 < worst["colpali"] < 3072 and relative["colpali"] < 0.05
     # where the MaxSim term sits on the step peak, as the data choose it
     placements = {key: peak.maxsim_placement for key, peak in model.peaks.items()}
     assert placements[("pylate", "grad-checkpoint", "vanilla")] == "transient"

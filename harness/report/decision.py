@@ -115,9 +115,19 @@ class TimedBatch:
     against_vanilla: dict[str, timing.Ratio]  # backend → vanilla's median over its (above 1: faster)
 
 
-def timed_batch(cells: pd.DataFrame, stack: str, regime: str, card: str = "h100-80gb") -> TimedBatch | None:
-    """The batch on ``card`` where the most backends, vanilla among them, have steady step times
-    (the largest such batch); None where no batch has vanilla and another backend timed."""
+def timed_batch(cells: pd.DataFrame, stack: str, regime: str,
+                cards: Sequence[str] = ("h100-80gb", "native")) -> TimedBatch | None:  # fmt: skip
+    """The batch on the first of ``cards`` that has one where the most backends, vanilla among them,
+    have steady step times (the largest such batch); None where no card has vanilla and another
+    backend timed at one batch."""
+    for card in cards:
+        found = _timed_on(cells, stack, regime, card)
+        if found is not None:
+            return found
+    return None
+
+
+def _timed_on(cells: pd.DataFrame, stack: str, regime: str, card: str) -> TimedBatch | None:
     ok = timed(cells)
     if ok.empty:
         return None
