@@ -49,7 +49,11 @@ def test_the_step_time_tables_show_only_timed_cells():
     table = tables.step_time_table(colpali)
     assert len(table) == len(tables.timed(colpali))
     coverage = prose.timing_coverage(colpali)
-    assert coverage.startswith(f"{len(tables.timed(colpali))} of the {(colpali['outcome'] == 'ok').sum()} cells")
+    timed, trained = len(tables.timed(colpali)), int((colpali["outcome"] == "ok").sum())
+    assert coverage.startswith(f"All {trained} cells" if timed == trained else f"{timed} of the {trained} cells")
+    untimed = colpali.assign(times_comparable=[k % 2 == 0 for k in range(len(colpali))])  # half of them
+    shown = len(tables.timed(untimed))
+    assert 0 < shown < trained and prose.timing_coverage(untimed).startswith(f"{shown} of the {trained} cells")
 
 
 def test_the_published_speed_ratios_are_read_with_their_intervals():
