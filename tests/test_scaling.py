@@ -148,3 +148,17 @@ def test_the_cost_sentence_counts_the_searches_and_scales_the_measured_step(comm
     row = vanilla.sort_values("batch_size").iloc[-1]
     minutes = 9 * row["steady_step_time_sec"] * 16384 / row["batch_size"] / 60
     assert f"took {row['steady_step_time_sec']:.2f} s" in text and f"at least {minutes:.0f} minutes" in text
+
+
+def test_the_checkpointing_comparison_pairs_cells_of_one_batch_backend_and_card(committed):
+    _, cells, _ = committed
+    text = scaling.against_checkpointing(cells)
+    timed = cells[cells["times_comparable"].astype(bool) & (cells["outcome"] == "ok") & (cells["stack"] == "pylate")]
+    cached = timed[timed["regime"] == "gradcache"]
+    pairs = [row for _, row in cached.iterrows()
+             if not timed[(timed["regime"] == "grad-checkpoint") & (timed["batch_size"] == row["batch_size"])
+                          & (timed["backend"] == row["backend"]) & (timed["card"] == row["card"])].empty]  # fmt: skip
+    assert text.count(" against ") == len(pairs)
+    for row in pairs:
+        assert f"{row['backend']} at B = {row['batch_size']}" in text and f"{row['steady_step_time_sec']:.2f} s against" in text
+    assert scaling.against_checkpointing(cells.assign(times_comparable=False)) == ""

@@ -605,3 +605,29 @@ def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow]
                  "encoder's work grows linearly with B and vanilla's scoring quadratically, so one probe of "
                  f"{probe_steps} steps at B = {batch:,} takes at least {minutes:.0f} minutes of GPU.")  # fmt: skip
     return text
+
+
+def against_checkpointing(cells: pd.DataFrame) -> str:
+    """GradCache's step time beside gradient checkpointing's at the same batch, backend and card,
+    for every pair timed alone, in words (empty where none is)."""
+    if cells.empty:
+        return ""
+    timed = cells[(cells["stack"] == "pylate") & (cells["outcome"] == "ok") & cells["times_comparable"].astype(bool)
+                  & cells["steady_times_sec"].map(lambda t: isinstance(t, (list, tuple)) and len(t) > 0)
+                  & (cells["allocator"] == "default")]  # fmt: skip
+    cached = timed[timed["regime"] == GRADCACHE]
+    checkpointed = timed[timed["regime"] == "grad-checkpoint"].set_index(["batch_size", "backend", "card"])
+    parts = []
+    for _, row in cached.iterrows():
+        key = (row["batch_size"], row["backend"], row["card"])
+        if key not in checkpointed.index:
+            continue
+        other = checkpointed.loc[[key]].iloc[0]
+        ratio = timing.ratio(list(row["steady_times_sec"]), list(other["steady_times_sec"]))
+        parts.append(f"{row['backend']} at B = {row['batch_size']} on the {card_short(str(row['card']))} card: "
+                     f"{row['steady_step_time_sec']:.2f} s against {other['steady_step_time_sec']:.2f} s "
+                     f"({timing.ratio_words(ratio, faster='longer', slower='shorter')})")  # fmt: skip
+    if not parts:
+        return ""
+    return ("A GradCache step beside a gradient-checkpointing step of the same batch and backend (both timed "
+            "alone): " + "; ".join(parts) + ".")
