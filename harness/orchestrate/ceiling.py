@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from harness import gpu_gate
 from harness.grid import GridCell
 from harness.orchestrate.launcher import Gate, Layout, launch, set_aside, state
-from harness.orchestrate.pool import cell_environment, gpu_set_gate, run_on_gpus
+from harness.orchestrate.pool import cell_environment, gpu_set, run_on_gpus
 from harness.search import Ceiling, CeilingSearch, describe, search_state
 
 
@@ -74,14 +74,14 @@ def run_searches(searches: Sequence[CeilingSearch], layout: Layout, gpus: Sequen
     run_on_gpus(len(single), lambda k, slot, gate: run(single[k], slot, gate), gpus, cells_per_gpu, share_gib, pin_cpus)
     for index in multi:  # then each data-parallel search, its probes on the first W GPUs, one probe at a time
         need = searches[index].world_size
-        if gpus is None or len(gpus) < need:
+        placed = gpu_set(need, gpus)
+        if placed is None:
             stopped = Ceiling(stopped=f"world size {need} needs {need} GPUs, one per rank; this search was given "
                                       f"{len(gpus) if gpus else 'none (--gpus)'}")  # fmt: skip
             ceilings[index] = stopped
             say(describe(searches[index], stopped))
             continue
-        chosen = list(gpus[:need])
-        run(index, ",".join(chosen), gpu_set_gate(chosen))
+        run(index, *placed)
     return [ceiling or Ceiling(stopped="never started") for ceiling in ceilings]
 
 

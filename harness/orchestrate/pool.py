@@ -115,6 +115,15 @@ def gpu_set_gate(gpus: Sequence[str]) -> Gate:
     return Gate(gate_path(first), also=tuple(gate_path(gpu) for gpu in rest))
 
 
+def gpu_set(need: int, gpus: Sequence[str] | None) -> tuple[str, Gate] | None:
+    """Where a data-parallel cell of world size ``need`` runs: the first ``need`` GPUs of ``gpus``
+    as one slot ('0,1') and the gate of all of them; None when ``gpus`` has fewer."""
+    if gpus is None or len(gpus) < need:
+        return None
+    chosen = list(gpus[:need])
+    return ",".join(chosen), gpu_set_gate(chosen)
+
+
 def visible_gpus(spec: str) -> list[str]:
     """``--gpus``: '0,1' as given, or 'all' as many as ``nvidia-smi`` lists (no CUDA context here)."""
     if spec != "all":

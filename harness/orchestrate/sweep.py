@@ -27,7 +27,7 @@ from typing import Any
 
 from harness.grid import GridCell
 from harness.orchestrate.launcher import ROOT, CellRun, Gate, Layout, finish_orphan, launch, set_aside, state
-from harness.orchestrate.pool import gpu_set_gate, run_on_gpus
+from harness.orchestrate.pool import gpu_set, run_on_gpus
 from harness.results import load_result
 from harness.spec import STACKS, TrainSpec, is_trace_reference, trace_reference_key, trace_reference_path
 
@@ -116,14 +116,14 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
     run_on_gpus(len(single), run, gpus, cells_per_gpu, pin_cpus=pin_cpus)
     for index, cell in enumerate(multi, start=len(single)):  # then each data-parallel cell on its GPU set
         need = _world(cell)
-        if gpus is None or len(gpus) < need:
+        placed = gpu_set(need, gpus)
+        if placed is None:
             with lock:
                 runs.append(CellRun(cell, "skipped", 0.0, "", detail=f"needs {need} GPUs"))
                 echo(f"[{len(runs)}/{len(todo)}] {cell.cell_id}: not run — world size {need} needs {need} GPUs, one "
                      f"per rank; this sweep was given {len(gpus) if gpus else 'none (--gpus)'}")  # fmt: skip
             continue
-        chosen = list(gpus[:need])
-        run(index, ",".join(chosen), gpu_set_gate(chosen))
+        run(index, *placed)
     echo(summary(cells, layout, time.perf_counter() - started))
     return runs
 

@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 
 from harness import op_bytes
 from harness.grid import load_grid
-from harness.report import data, style, timing
+from harness.report import data, style, tables, timing
 from harness.report.text import card_short, cards_in_order, nowrap
 from harness.results import CellResult
 from harness.spec import CARDS, GRADCACHE, GRADCACHE_MINI_BATCH, TrainSpec
@@ -152,13 +152,18 @@ def peak_table(cells: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def vanilla_replays(calls: pd.DataFrame) -> pd.DataFrame:
+    """Per vanilla GradCache cell, its largest isolated replay that did not run out of memory."""
+    largest = largest_calls(calls, "pylate", GRADCACHE)
+    if largest.empty:
+        return largest
+    return largest[(largest["variant"] == "vanilla") & ~largest["oom_in_replay"].astype(bool)]
+
+
 def vanilla_reference(cells: pd.DataFrame, calls: pd.DataFrame) -> tuple[pd.Series, int] | None:
     """The vanilla GradCache replay with the largest forward on the whole H200, and its score chunk:
     the recorded shape the predictions scale."""
-    largest = largest_calls(calls, "pylate", GRADCACHE)
-    if largest.empty:
-        return None
-    vanilla = largest[(largest["variant"] == "vanilla") & ~largest["oom_in_replay"].astype(bool)]
+    vanilla = vanilla_replays(calls)
     if vanilla.empty:
         return None
     call = vanilla.sort_values(["batch_size", "forward_transient_peak_mib"]).iloc[-1]
@@ -195,10 +200,7 @@ def prediction_table(cells: pd.DataFrame, calls: pd.DataFrame,
 
 def formula_gap_mib(calls: pd.DataFrame) -> float | None:
     """The largest gap between a vanilla GradCache replay's forward peak and the formula (MiB)."""
-    largest = largest_calls(calls, "pylate", GRADCACHE)
-    if largest.empty:
-        return None
-    vanilla = largest[(largest["variant"] == "vanilla") & ~largest["oom_in_replay"].astype(bool)]
+    vanilla = vanilla_replays(calls)
     if vanilla.empty:
         return None
     gaps = [abs(float(r["forward_transient_peak_mib"]) - predicted_call_mib(r, int(r["query_shape"][0]), int(r["doc_shape"][0])))
@@ -279,9 +281,7 @@ def _peak_sentences(ran: pd.DataFrame, calls: pd.DataFrame) -> list[str]:
 
 def _time_sentences(chosen: pd.DataFrame) -> list[str]:
     lines = []
-    timed = chosen[(chosen["outcome"] == "ok") & chosen["times_comparable"].astype(bool)
-                   & chosen["steady_times_sec"].map(lambda t: isinstance(t, (list, tuple)) and len(t) > 0)]  # fmt: skip
-    for (card, batch), group in timed.groupby(["card", "batch_size"], sort=True):
+    for (card, batch), group in tables.timed(chosen).groupby(["card", "batch_size"], sort=True):
         vanilla = group[group["backend"] == "vanilla"]
         if vanilla.empty or len(group) < 2:
             continue
@@ -595,8 +595,8 @@ def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow]
     chosen = gradcache_cells(cells)
     if chosen.empty:
         return text
-    timed = chosen[(chosen["variant"] == "vanilla") & chosen["score_mini_batch_size"].isna() & (chosen["card"] == "native")
-                   & chosen["times_comparable"].astype(bool) & chosen["steady_step_time_sec"].notna()]  # fmt: skip
+    timed = tables.timed(chosen)
+    timed = timed[(timed["variant"] == "vanilla") & timed["score_mini_batch_size"].isna() & (timed["card"] == "native")]
     if not timed.empty:
         row = timed.sort_values("batch_size").iloc[-1]
         seconds, measured = float(row["steady_step_time_sec"]), int(row["batch_size"])
@@ -612,9 +612,8 @@ def against_checkpointing(cells: pd.DataFrame) -> str:
     for every pair timed alone, in words (empty where none is)."""
     if cells.empty:
         return ""
-    timed = cells[(cells["stack"] == "pylate") & (cells["outcome"] == "ok") & cells["times_comparable"].astype(bool)
-                  & cells["steady_times_sec"].map(lambda t: isinstance(t, (list, tuple)) and len(t) > 0)
-                  & (cells["allocator"] == "default")]  # fmt: skip
+    timed = tables.timed(cells)
+    timed = timed[(timed["stack"] == "pylate") & (timed["allocator"] == "default")]
     cached = timed[timed["regime"] == GRADCACHE]
     checkpointed = timed[timed["regime"] == "grad-checkpoint"].set_index(["batch_size", "backend", "card"])
     parts = []
