@@ -148,13 +148,13 @@ def build_parser() -> Parser:
         sub.add_argument("--rerun-crashed", action="store_true", help="run crashed cells again (once each)")
         sub.add_argument("--results-dir", type=Path, default=ROOT / "results", help="default: results/")
         sub.add_argument("--notebooks-dir", type=Path, default=ROOT / "book" / "cells", help="default: book/cells/")
+        sub.add_argument("--share-gpu", nargs="?", const="free", metavar="GIB",
+                         help="capped cells measure side by side within GIB of a GPU's memory (default: what nvidia-smi "
+                              "reports free less 1 GiB); outcomes and peaks are unchanged, step times are not the card's "
+                              "and are never published")  # fmt: skip
     sweep = commands.choices["sweep"]
     sweep.add_argument("--stack", action="append", choices=list(registry.STACKS), help="only this stack's cells (repeatable)")
     sweep.add_argument("--skypilot", type=Path, help="write a SkyPilot task file for this grid and exit")
-    commands.choices["ceiling"].add_argument(
-        "--share-gpu", nargs="?", const="free", metavar="GIB",
-        help="capped probes measure side by side within GIB of a GPU's memory (default: what nvidia-smi reports free "
-             "less 1 GiB); outcomes and peaks are unchanged, step times are not the card's")  # fmt: skip
 
     results = commands.add_parser("results", help="what the report reads, and every file it skips with why",
                                   description="what the report reads, and every file it skips with why")
@@ -253,6 +253,7 @@ def _sweep(args: argparse.Namespace) -> int:
     import yaml
 
     from harness.grid import load_grid
+    from harness.orchestrate.ceiling import share_budgets
     from harness.orchestrate.launcher import Layout, state
     from harness.orchestrate.pool import visible_gpus
     from harness.orchestrate.sweep import run_sweep, skypilot_task
@@ -275,11 +276,14 @@ def _sweep(args: argparse.Namespace) -> int:
         return 0
     try:
         gpus = visible_gpus(args.gpus) if args.gpus else None
+        share = None if args.share_gpu is None else share_budgets(args.share_gpu, gpus)
     except ValueError as error:
         print(f"harness sweep: {error}", file=sys.stderr)
         return 2
+    if share:
+        print("sharing GPUs: " + ", ".join(f"{gpu or 'default'} {gib:.1f} GiB" for gpu, gib in share.items()))
     runs = run_sweep(cells, layout, gpus, args.rerun_crashed, cells_per_gpu=args.cells_per_gpu,
-                     pin_cpus=_pin(args.pin_cpus, gpus))  # fmt: skip
+                     pin_cpus=_pin(args.pin_cpus, gpus), share_gib=share)  # fmt: skip
     return 1 if any(run.outcome == "crashed" for run in runs) else 0
 
 

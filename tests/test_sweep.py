@@ -565,3 +565,34 @@ def test_a_cell_given_several_gates_holds_them_all(tmp_path, monkeypatch):
         assert [p.name.split("-")[0] for p in gate.with_name(gate.name + ".d").iterdir()] == ["hold"]
     gpu_gate._close_in_child()  # what a forked child does: it releases them
     assert gpu_gate._held is None and gpu_gate._also_held == []
+
+
+def test_a_shared_sweep_gives_its_cells_the_gpus_budget_and_runs_a_starved_one_again_alone(tmp_path, monkeypatch):
+    # --share-gpu on a sweep (the long runs measure bytes, not times): each cell enters its GPU's gate
+    # with the budget, and one whose device, not its cap, ran out beside the others runs again alone.
+    from harness.orchestrate import sweep as sweep_module
+    from harness.orchestrate.launcher import CellRun
+
+    cells = load_grid(write_grid(tmp_path / "shared.yaml", pylate_cells([2, 4]), name="shared"))
+    layout = Layout(tmp_path / "results", tmp_path / "cells")
+    gates: list[tuple[int, float | None]] = []
+
+    def launch(cell, layout, gpu, gate):
+        gates.append((cell.spec.batch_size, gate.share_gib))
+        if cell.spec.batch_size == 4 and gate.share_gib is not None:
+            return CellRun(cell, "crashed", 0.0, gpu or "-", failure="device_out_of_memory")
+        return CellRun(cell, "ok", 0.0, gpu or "-")
+
+    monkeypatch.setattr(sweep_module, "launch", launch)
+    lines: list[str] = []
+    runs = run_sweep(cells, layout, gpus=["5"], echo=lines.append, share_gib={"5": 90.5})
+    assert sorted(gates, key=lambda pair: (pair[0], pair[1] is None)) == [(2, 90.5), (4, 90.5), (4, None)]
+    assert sorted((run.cell.spec.batch_size, run.outcome) for run in runs) == [(2, "ok"), (4, "ok")]
+    assert any("running it alone" in line for line in lines)
+
+
+def test_the_sweep_command_refuses_a_bad_share_budget_before_running_anything(tmp_path, capsys):
+    grid = write_grid(tmp_path / "tiny.yaml", pylate_cells([2]))
+    assert cli.main(["sweep", str(grid), "--share-gpu", "half", "--results-dir", str(tmp_path / "r")]) == 2
+    assert "GiB or nothing" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

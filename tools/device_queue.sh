@@ -17,6 +17,10 @@
 #   sweep GRID [harness sweep options]      e.g. sweep grids/parity.yaml --stack pylate
 #   ceiling GRID [harness ceiling options]
 #   op-parity LIBRARY                       tools/op_parity.py LIBRARY --device cuda
+#   & JOB                                   JOB in the background, beside the jobs after it
+#   wait                                    until every background job has ended
+# Jobs side by side on one GPU must share it through its gate (--share-gpu on both): their bytes
+# are measured, their times never published. The queue ends after its background jobs.
 # Environments are made from ./wheelhouse (tools/device_check.sh says how to build it).
 set -uo pipefail
 set -f  # a job's options (--match 'colpali-*') reach the harness as written, never as file names
@@ -24,6 +28,23 @@ set -f  # a job's options (--match 'colpali-*') reach the harness as written, ne
 LOG=device-log
 mkdir -p "$LOG" device-results device-cells
 stage() { echo "== $(date +%T) $*"; }
+
+run_job() {  # one job: KIND TARGET REST
+  local kind=$1 target=$2 rest=$3
+  case "$kind" in
+    sweep|ceiling)
+      stage "harness $kind $target $rest"
+      # shellcheck disable=SC2086
+      .venvs/pylate/bin/harness "$kind" "$target" --results-dir device-results --notebooks-dir device-cells $rest \
+        2>&1 | grep --line-buffered -v '^  start' ;;
+    op-parity)
+      stage "op parity $target (cuda)"
+      mkdir -p device-results/op-parity
+      ".venvs/$target/bin/python" tools/op_parity.py "$target" --device cuda \
+        --output "device-results/op-parity/$target-op-parity-cuda.json" 2>&1 | tail -60 ;;
+    *) echo "unknown job: $kind" ;;
+  esac
+}
 
 run_queue() {
   export PYTHONUNBUFFERED=1
@@ -33,19 +54,13 @@ run_queue() {
   while read -r kind target rest; do
     case "$kind" in
       ""|\#*) continue ;;
-      sweep|ceiling)
-        stage "harness $kind $target $rest"
-        # shellcheck disable=SC2086
-        .venvs/pylate/bin/harness "$kind" "$target" --results-dir device-results --notebooks-dir device-cells $rest \
-          2>&1 | grep --line-buffered -v '^  start' ;;
-      op-parity)
-        stage "op parity $target (cuda)"
-        mkdir -p device-results/op-parity
-        ".venvs/$target/bin/python" tools/op_parity.py "$target" --device cuda \
-          --output "device-results/op-parity/$target-op-parity-cuda.json" 2>&1 | tail -60 ;;
-      *) echo "unknown job: $kind" ;;
+      wait) stage "waiting for the background jobs"; wait ;;
+      "&") read -r kind target rest <<< "$target $rest"
+           run_job "$kind" "$target" "$rest" & ;;
+      *) run_job "$kind" "$target" "$rest" ;;
     esac
   done < "$1"
+  wait
   stage "queue done"
   touch "$LOG/queue.done"
 }

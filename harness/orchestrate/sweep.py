@@ -3,7 +3,9 @@
 A sweep resumes: cells with a valid ``ok``/``oom`` result of their own spec are skipped; crashed
 ones run again on request (``--rerun-crashed``); a file at a cell's path that is not a valid result
 of that cell (truncated, foreign, another spec) is set aside as ``*.broken`` — and said — before
-the cell runs again. Cells run one after another on one GPU, or one per GPU with ``--gpus``; a
+the cell runs again. Cells run one after another on one GPU, or one per GPU with ``--gpus`` (with
+``--share-gpu``, capped cells side by side on a GPU, their bytes measured and their times never
+published, as for ceiling probes; one the device starved is run again alone); a
 data-parallel cell (``world_size`` W > 1) runs after them, on the first W GPUs of ``--gpus``, once
 it holds every one's gate.
 
@@ -20,8 +22,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +55,12 @@ def reference_first(todo: Sequence[GridCell]) -> tuple[list[GridCell], dict[str,
 
 
 def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | None = None, rerun_crashed: bool = False,
-              echo: Callable[[str], None] = print, cells_per_gpu: int = 1, pin_cpus: bool = False) -> list[CellRun]:  # fmt: skip
+              echo: Callable[[str], None] = print, cells_per_gpu: int = 1, pin_cpus: bool = False,
+              share_gib: Mapping[str | None, float] | None = None) -> list[CellRun]:  # fmt: skip
     """Run every cell that needs it: ``cells_per_gpu`` workers per GPU (or on the default one),
-    whose cells start up together but measure one at a time (:mod:`harness.gpu_gate`)."""
+    whose cells start up together but measure one at a time (:mod:`harness.gpu_gate`) — or, where
+    ``share_gib`` gives a GPU's memory, as many capped cells at once as their caps fit (for cells
+    whose bytes, not times, are the measurement: a shared cell's times are never published)."""
     todo = []
     for cell in cells:
         if finish_orphan(cell, layout):
@@ -99,6 +104,10 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
         done = None
         try:
             done = launch(cell, layout, slot, gate)
+            if done.failure == "device_out_of_memory" and gate.share_gib is not None:
+                with lock:
+                    echo(f"  {cell.cell_id}: the device, not the card's cap, ran out beside other cells; running it alone")
+                done = launch(cell, layout, slot, replace(gate, share_gib=None))
         finally:
             if reference is not None and is_reference:
                 reference.outcome = done.outcome if done is not None else "crashed"
@@ -113,7 +122,7 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
     single = [cell for cell in todo if _world(cell) == 1]
     multi = [cell for cell in todo if _world(cell) > 1]
     todo = single + multi  # the indices run() takes: one-GPU cells first, through the pool
-    run_on_gpus(len(single), run, gpus, cells_per_gpu, pin_cpus=pin_cpus)
+    run_on_gpus(len(single), run, gpus, cells_per_gpu, share_gib, pin_cpus)
     for index, cell in enumerate(multi, start=len(single)):  # then each data-parallel cell on its GPU set
         need = _world(cell)
         placed = gpu_set(need, gpus)
