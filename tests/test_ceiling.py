@@ -142,6 +142,11 @@ def test_the_committed_ceiling_grid_covers_every_card_backend_and_allocator():
     assert {(s.variant, s.score_mini_batch_size, s.mini_batch_size) for s in gradcache} == {
         ("vanilla", None, 64), ("vanilla", 16, 64), ("lik", None, 64), ("flash", None, 64)}
     assert {s.card for s in gradcache} == {"rtx4090-24gb", "h100-80gb", "native"}
+    # where the grid plans no search (GradCache on 40 and 48 GB) the page's table says so with a dash, not a blank
+    table = tables.ceiling_grid(data.ceilings())
+    forty = next(column for column in table.columns if column.startswith("40 GB"))
+    assert table.loc[("pylate", "gradcache", "vanilla"), forty] == tables.NO_SEARCH
+    assert (table != "").all().all() and (table == tables.NO_SEARCH).sum().sum() == 2 * 4
     assert all(s.steps >= 8 and len(s.seeds) >= 3 and s.grid == "ceilings" for s in searches)
     assert len({s.search_id for s in searches}) == len(searches) == 82
     assert [s.search_id for s in load_searches(ROOT / "grids" / "ceilings.yaml", ["colpali-plain-*-h100-80gb*"])] == [

@@ -376,8 +376,12 @@ def _spread_ms(row: pd.Series) -> str:
 # ---- ceilings ------------------------------------------------------------------------------------
 
 
+NO_SEARCH = "—"  # a card the grid plans no search on for that row
+
+
 def ceiling_grid(searches: Sequence[SearchRow], allocator: str = "default") -> pd.DataFrame:
-    """What fits on my card: the ceiling per stack/regime/backend (rows) and card (columns)."""
+    """What fits on my card: the ceiling per stack/regime/backend (rows) and card (columns);
+    :data:`NO_SEARCH` where the grid plans no search on that card."""
     chosen = [row for row in searches if row.allocator == allocator]
     if not chosen:
         return pd.DataFrame()
@@ -385,7 +389,7 @@ def ceiling_grid(searches: Sequence[SearchRow], allocator: str = "default") -> p
                            "ceiling": ceiling_text(row)} for row in chosen])  # fmt: skip
     table = frame.pivot_table(index=["stack", "regime", "backend"], columns="card", values="ceiling", aggfunc="first")
     order = cards_in_order(frame["card"])
-    return table.reindex(columns=order).rename(columns=card_label).rename_axis(columns=None).fillna("")
+    return table.reindex(columns=order).rename(columns=card_label).rename_axis(columns=None).fillna(NO_SEARCH)
 
 
 def ceiling_details(searches: Sequence[SearchRow]) -> pd.DataFrame:
