@@ -46,6 +46,12 @@ def test_a_recommendation_names_only_cards_whose_searches_have_settled():
     # without vanilla's ceiling nothing is compared
     assert decision.advice(settled[1:], pd.DataFrame(), "pylate", "grad-checkpoint").startswith("No card")
     assert decision.advice([], pd.DataFrame(), "pylate", "grad-checkpoint").startswith("Not measured yet")
+    # a backend that wins on one card and only ties vanilla on another: the tie is said, not hidden
+    tied = [*settled, row("vanilla", "h100-80gb", 640, 672), row("lik", "h100-80gb", 640, 672),
+            row("flash", "h100-80gb", 640, 704)]  # fmt: skip
+    text = decision.advice(tied, pd.DataFrame(), "pylate", "grad-checkpoint")
+    assert text.startswith("On 24 GB and 80 GB, where the searches have settled, lik and flash train the largest batch: "
+                           "352 against 224 on 24 GB (1.57×); on 80 GB vanilla trains the same batch (640).")  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -62,7 +62,7 @@ PREDICTED_BREAK = "<br>"  # a prediction goes on its own line of the table cell
 
 def entry(row: SearchRow | None, predicted: int | None = None) -> str:
     """A search's answer for the decision table, compact: '160' (finished), '≥ 256' (finished at the
-    grid's limit), '72–75*' or '≥ 72*' (still running: the ceiling lies in that range), 'not run';
+    grid's limit), 'A–B*' or '≥ A*' (still running: the ceiling lies in that range), 'not run';
     where the search has not settled and the memory model predicts it, 'pred. 74' on a line below."""
     if row is None:
         return ""
@@ -214,6 +214,11 @@ def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regim
         text += f": {'; '.join(gains)}"
     elif everywhere == ["vanilla"] or "vanilla" in everywhere:
         text += ": the fused kernels buy no batch there"
+    ties = [card for card in decided if gains and "vanilla" in winners_per_card[card] and len(winners_per_card[card]) > 1]
+    if ties:  # cards where a named backend only matches vanilla: the gain is not everywhere
+        batches = [str(next(row.settled for row in rows if row.card == card and row.backend == "vanilla")) for card in ties]
+        text += (f"; on {_names([card_short(card) for card in ties])} vanilla trains the same batch "
+                 f"({_names(batches)})")  # fmt: skip
     found = timed_batch(cells, stack, regime)
     if found is not None and everywhere and "vanilla" not in everywhere:
         speeds = [f"{backend} {timing.ratio_words(found.against_vanilla[backend])}"
