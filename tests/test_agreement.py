@@ -118,7 +118,13 @@ def test_a_diverged_run_is_judged_before_it_diverged_and_measures_no_noise_floor
                          "vanilla over 2 steps 0.0005 (mean 0.0003), within the noise floor 0.0039 (the published run's "
                          "lik against torch); first-step gradient cosine 0.990000; final weights not finite. Vanilla "
                          "diverges too, at the same step (gradient not finite from step 2, loss from step 3): compared "
-                         "over the 2 steps before.")  # fmt: skip
+                         "over the 2 steps before. Its gradient is not finite from step 2, but its loss stays finite "
+                         "after that (0.6931 = ln 2 at every step from step 3), where vanilla's loss is not: a check on "
+                         "the loss alone would not see this run diverge.")  # fmt: skip
+    assert agreement.finite_loss_after_divergence(both_v) == "" and agreement.finite_loss_after_divergence(vanilla) == ""
+    drifting = traced("lik", [0.70, 0.6905, 0.6931, 0.70], grads=[1.0, nan, nan, nan])
+    assert agreement.finite_loss_after_divergence(drifting) == ("its loss stays finite after that (0.6931 = ln 2 at step 3, "
+                                                                "then 0.6931–0.7000)")  # fmt: skip
     assert judged[1] == ("pylate · grad-checkpoint · B=128 · **vanilla** (the reference) diverges: gradient not finite "
                          "from step 2, loss from step 3.")  # fmt: skip
     table = agreement.training_table([both_v, both_l], 0.0039)

@@ -373,6 +373,20 @@ def divergence(result: Any) -> str:
     return parts[0].replace(" from", " not finite from", 1) + "".join(f", {part}" for part in parts[1:]) if parts else ""
 
 
+def finite_loss_after_divergence(result: Any) -> str:
+    """Where a run's gradient stopped being finite but its loss did not: "its loss stays finite after
+    that (0.6931 = ln 2 at every step from step 30)" — a divergence a check on the loss alone would
+    miss; empty otherwise (a loss that also went non-finite, or no divergence)."""
+    losses, bad_grad = result.loss_per_step, _first_non_finite(result.grad_norm_per_step)
+    after = losses[bad_grad:] if bad_grad else []  # the losses computed with the weights that update made
+    if not after or not all(math.isfinite(value) for value in after):
+        return ""
+    values = f"{after[0]:.4f}" + (" = ln 2" if abs(after[0] - math.log(2)) < 1e-4 else "")
+    if max(after) - min(after) < 1e-6:
+        return f"its loss stays finite after that ({values} at every step from step {bad_grad + 1})"
+    return f"its loss stays finite after that ({values} at step {bad_grad + 1}, then {min(after):.4f}–{max(after):.4f})"
+
+
 def training_rows(traced: list[Any], published_max_gap: float | None) -> list[dict[str, Any]]:
     """One row per backend and batch compared with vanilla's cell: its largest |Δloss| over the steps
     both trained, the noise floor of that batch (:func:`noise_floors`), the first-gradient cosine and
@@ -399,6 +413,10 @@ def training_rows(traced: list[Any], published_max_gap: float | None) -> list[di
             row["diverged"] = (f"Vanilla diverges too, at the same step ({divergence(base)}): compared over the "
                                f"{steps} steps before." if mine == theirs else
                                f"Vanilla diverges first ({divergence(base)}): compared over the {steps} steps before.")
+        if "diverged" in row and (hidden := finite_loss_after_divergence(result)) and _first_non_finite(base.loss_per_step):
+            row["diverged"] += (f" Its gradient is not finite from step {_first_non_finite(result.grad_norm_per_step)}, "
+                                f"but {hidden}, where vanilla's loss is not: a check on the loss alone would not see "
+                                "this run diverge.")  # fmt: skip
         if steps == 0:
             row["why"] = row.pop("diverged").rstrip(".")
             rows.append(row)
