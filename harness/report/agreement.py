@@ -378,7 +378,9 @@ def finite_loss_after_divergence(result: Any) -> str:
     that (0.6931 = ln 2 at every step from step 30)" — a divergence a check on the loss alone would
     miss; empty otherwise (a loss that also went non-finite, or no divergence)."""
     losses, bad_grad = result.loss_per_step, _first_non_finite(result.grad_norm_per_step)
-    after = losses[bad_grad:] if bad_grad else []  # the losses computed with the weights that update made
+    if bad_grad is None:
+        return ""
+    after = losses[bad_grad:]  # the losses computed with the weights that update made
     if not after or not all(math.isfinite(value) for value in after):
         return ""
     values = f"{after[0]:.4f}" + (" = ln 2" if abs(after[0] - math.log(2)) < 1e-4 else "")
