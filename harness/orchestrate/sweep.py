@@ -104,7 +104,7 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
         done = None
         try:
             done = launch(cell, layout, slot, gate)
-            if done.failure == "device_out_of_memory" and gate.share_gib is not None:
+            if gate.share_gib is not None and done.failure == "device_out_of_memory":
                 with lock:
                     echo(f"  {cell.cell_id}: the device, not the card's cap, ran out beside other cells; running it alone")
                 done = launch(cell, layout, slot, replace(gate, share_gib=None))
