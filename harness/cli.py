@@ -280,11 +280,16 @@ def _sweep(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"harness sweep: {error}", file=sys.stderr)
         return 2
-    if share:
-        print("sharing GPUs: " + ", ".join(f"{gpu or 'default'} {gib:.1f} GiB" for gpu, gib in share.items()))
+    _say_share(share)
     runs = run_sweep(cells, layout, gpus, args.rerun_crashed, cells_per_gpu=args.cells_per_gpu,
                      pin_cpus=_pin(args.pin_cpus, gpus), share_gib=share)  # fmt: skip
     return 1 if any(run.outcome == "crashed" for run in runs) else 0
+
+
+def _say_share(share: dict[str | None, float] | None) -> None:
+    """``--share-gpu``'s budget per GPU, said before anything runs (sweep and ceiling alike)."""
+    if share:
+        print("sharing GPUs: " + ", ".join(f"{gpu or 'default'} {gib:.1f} GiB" for gpu, gib in share.items()))
 
 
 def _pin(choice: str, gpus: list[str] | None) -> bool:
@@ -318,8 +323,7 @@ def _ceiling(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"harness ceiling: {error}", file=sys.stderr)
         return 2
-    if share:
-        print("sharing GPUs: " + ", ".join(f"{gpu or 'default'} {gib:.1f} GiB" for gpu, gib in share.items()))
+    _say_share(share)
     layout = Layout(args.results_dir, args.notebooks_dir)
     ceilings = run_searches(searches, layout, gpus, args.cells_per_gpu, rerun_crashed=args.rerun_crashed, share_gib=share,
                             pin_cpus=_pin(args.pin_cpus, gpus))  # fmt: skip
