@@ -79,6 +79,8 @@ case "${1:-}" in
   pack)
     OUT=${OUT:?set OUT}
     WAIT=${2:-0}
+    # A machine given back between calls comes back bare: never wait on a queue that is not there.
+    [ -f "$LOG/queue.pid" ] || { echo "no queue was started on this machine (a fresh one?): nothing to wait for"; exit 1; }
     while [ "$SECONDS" -lt "$WAIT" ] && [ ! -f "$LOG/queue.done" ]; do sleep 5; done
     find device-results -name '*.json' | wc -l
     tar czf "$OUT/results.tar.gz" device-results device-cells 2>/dev/null
