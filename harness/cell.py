@@ -10,6 +10,10 @@ Order matters and is the contract of this module:
 4. free the trainer, replay every recorded shape in isolation (OOM there is a marker);
 5. check the intended backend really ran, then write the result atomically.
 
+A cell of many steps (:data:`PROGRESS_MIN_STEPS`, the long runs) also writes what it has measured
+every :data:`PROGRESS_EVERY` steps (:class:`harness.results.Progress`), so a host taken back mid-run
+(a lease that ended) leaves its steps measured; the result removes that record once written.
+
 An OOM cell still ends with a result and exit status 0; only a kernel death (handled by the
 sweep driver, which writes a crash marker) leaves a cell without one.
 """
@@ -22,6 +26,7 @@ import os
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
@@ -32,11 +37,14 @@ from harness.bracket import PeakLedger
 from harness.memory import probe_for, to_mib
 from harness.recorder import OpRecorder, first_line
 from harness.replay import replay_shapes
-from harness.results import CellResult, Outcome, Parity, Timing, write_result
+from harness.results import CellResult, Outcome, Parity, Progress, Timing, progress_path, write_progress, write_result
 from harness.spec import CellSpec, TrainSpec, with_fields
 from harness.stacks import BuiltCell, Stack, load_stack
 from harness.timing import AutotuneWatch, StepTimer, steady_state, timed
 from harness.trace import TrainingTrace
+
+PROGRESS_MIN_STEPS = 50  # a cell planned for this many steps or more writes its progress …
+PROGRESS_EVERY = 10  # … every this many steps
 
 
 def resolve_auto(spec: CellSpec) -> CellSpec:
@@ -132,6 +140,8 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
     def on_step(step: int) -> None:  # before the step's clock starts
         recorder.step = step
         neighbours.look()
+        if step and step % PROGRESS_EVERY == 0 and spec.steps >= PROGRESS_MIN_STEPS and spec.world_size == 1:
+            write_progress(progress_of(spec, timer), output)
 
     timer = StepTimer(device, watch, on_step=on_step, ledger=ledger,
                       min_steps=spec.steps, min_steady=spec.min_steady_steps, warmup_steps=spec.warmup_steps)  # fmt: skip
@@ -223,7 +233,22 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
         parity=parity,
     )
     write_result(result, output)
+    progress_path(output).unlink(missing_ok=True)  # the result supersedes it
     return result
+
+
+def progress_of(spec: TrainSpec, timer: StepTimer) -> Progress:
+    """What the cell has measured so far: its completed steps' peaks and times."""
+    return Progress(
+        cell_id=spec.cell_id,
+        spec=spec,
+        steps_done=len(timer.step_times_sec),
+        step_peak_alloc_per_step_mib=[to_mib(n) for n in timer.step_peak_allocated_bytes],
+        step_peak_reserved_per_step_mib=[to_mib(n) for n in timer.step_peak_reserved_bytes],
+        step_times_sec=list(timer.step_times_sec),
+        gpu_share_gib=gpu_gate.share_gib(),
+        written_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
 
 
 def timing_context(device: torch.device, neighbours: host.HostWatch) -> Timing:

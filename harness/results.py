@@ -319,6 +319,55 @@ def write_text_atomic(path: str | os.PathLike[str], payload: str) -> Path:
     return path
 
 
+# ---- progress of a long cell ----------------------------------------------------------------------
+# A cell planned for many steps (the long runs) may outlast the host it runs on: a leased GPU is given
+# back at the lease's end, killing the run before it writes its result. So such a cell writes, every
+# few steps, what it has measured so far to ``<cell id>.progress`` beside its result (not ``*.json``:
+# never read as a result). The result, once written, supersedes it and the file is removed.
+PROGRESS_SUFFIX = ".progress"
+
+
+class Progress(_Record):
+    """What a long cell had measured at its last checkpoint: its completed steps' peaks and times.
+    It says nothing of how the run ended (a cut host, a kill): only that it trained ``steps_done``
+    steps without running out of memory."""
+
+    cell_id: str
+    spec: Spec
+    steps_done: int
+    step_peak_alloc_per_step_mib: list[float]
+    step_peak_reserved_per_step_mib: list[float]
+    step_times_sec: list[float]
+    gpu_share_gib: float | None = None
+    written_at: str
+
+
+def progress_path(result_path: str | os.PathLike[str]) -> Path:
+    """Where the progress of the cell whose result goes to ``result_path`` is kept."""
+    return Path(result_path).with_suffix(PROGRESS_SUFFIX)
+
+
+def load_progress(path: str | os.PathLike[str]) -> Progress | None:
+    """The progress record at ``path`` (a result path or a progress path); None when there is none
+    or it cannot be read as one."""
+    path = progress_path(path)
+    try:
+        return Progress.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValidationError, ValueError):
+        return None
+
+
+def write_progress(progress: Progress, result_path: str | os.PathLike[str]) -> bool:
+    """Write ``progress`` beside ``result_path`` atomically, unless the file there already holds a
+    longer run of the same spec (a re-run keeps an earlier, longer record until it passes it). True
+    when written."""
+    earlier = load_progress(result_path)
+    if earlier is not None and earlier.spec == progress.spec and earlier.steps_done > progress.steps_done:
+        return False
+    write_text_atomic(progress_path(result_path), progress.model_dump_json(indent=2) + "\n")
+    return True
+
+
 def load_result(path: str | os.PathLike[str]) -> CellResult:
     """Load and validate one result file; :class:`ResultError` says in one line why it cannot be used."""
     path = Path(path)

@@ -329,3 +329,41 @@ def test_a_cell_leaves_nothing_in_the_temporary_directory(tmp_path):
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert load_result(tmp_path / "cell.json").outcome == "ok"
     assert sorted(os.listdir(scratch)) == []  # the trainer's output_dir went with the process
+
+
+def test_a_long_cell_keeps_its_measured_steps_when_its_host_is_taken_back(tmp_path, monkeypatch):
+    import harness.cell as runner
+    from harness.results import load_progress, progress_path, write_progress
+
+    monkeypatch.setattr(runner, "PROGRESS_MIN_STEPS", 5)  # a "long" cell of 5 steps, checkpointed every 2
+    monkeypatch.setattr(runner, "PROGRESS_EVERY", 2)
+    output = tmp_path / "long.json"
+    write = runner.write_result
+
+    def taken_back(*args, **kwargs):  # the host goes before the result is written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "write_result", taken_back)
+    with pytest.raises(KeyboardInterrupt):
+        run_cell(spec(steps=5), output, stack=ToyStack())
+    assert not output.exists()
+    kept = load_progress(output)
+    # written before steps 3 and 5 began: 4 steps measured, each holding its grid (CPU: reserved is allocated)
+    assert kept.cell_id == "colpali-plain-b4-vanilla-native" and kept.spec == spec(steps=5) and kept.steps_done == 4
+    grid = 4 * 4 * QUERY_LENGTH * DOC_LENGTH * 4
+    assert len(kept.step_times_sec) == len(kept.step_peak_alloc_per_step_mib) == 4
+    assert kept.step_peak_reserved_per_step_mib == kept.step_peak_alloc_per_step_mib
+    assert all(peak * MIB >= grid for peak in kept.step_peak_alloc_per_step_mib)
+    # a re-run keeps the longer record until it passes it
+    assert not write_progress(kept.model_copy(update={"steps_done": 2}), output)
+    assert load_progress(output).steps_done == 4
+    # a run that ends writes its result, which supersedes the record
+    monkeypatch.setattr(runner, "write_result", write)
+    assert run_cell(spec(steps=5), output, stack=ToyStack()).outcome == "ok"
+    assert load_result(output).steps == 5 and not progress_path(output).exists()
+    # a short cell (a ceiling probe's 8 steps stand below the threshold) writes none
+    monkeypatch.setattr(runner, "PROGRESS_MIN_STEPS", 50)
+    monkeypatch.setattr(runner, "write_result", taken_back)
+    with pytest.raises(KeyboardInterrupt):
+        run_cell(spec(steps=5), tmp_path / "short.json", stack=ToyStack())
+    assert load_progress(tmp_path / "short.json") is None

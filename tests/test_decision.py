@@ -52,6 +52,16 @@ def test_a_recommendation_names_only_cards_whose_searches_have_settled():
     text = decision.advice(tied, pd.DataFrame(), "pylate", "grad-checkpoint")
     assert text.startswith("On 24 GB and 80 GB, where the searches have settled, lik and flash train the largest batch: "
                            "352 against 224 on 24 GB (1.57×); on 80 GB vanilla trains the same batch (640).")  # fmt: skip
+    # a backend that ties the winner wherever its own search settled, but has none on another card: said
+    unsearched = [*settled, row("vanilla", "h100-80gb", 640, 672), row("lik", "h100-80gb", 1280, 1344),
+                  row("flash", "h100-80gb", None, None, done=False, probes=0)]  # fmt: skip
+    text = decision.advice(unsearched, pd.DataFrame(), "pylate", "grad-checkpoint")
+    assert text.startswith("On 24 GB and 80 GB, where the searches have settled, lik trains the largest batch: "
+                           "352 against 224 on 24 GB (1.57×); 1280 against 640 on 80 GB (2.00×); flash trains the same "
+                           "batch as lik on 24 GB, where its search has settled, and has not settled on 80 GB.")  # fmt: skip
+    # one that lost on a card it was searched on is not said to match
+    lost = [*unsearched[:-1], row("flash", "h100-80gb", 1216, 1280)]
+    assert "flash trains the same" not in decision.advice(lost, pd.DataFrame(), "pylate", "grad-checkpoint")
 
 
 @pytest.fixture(scope="module")

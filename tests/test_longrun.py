@@ -3,9 +3,14 @@ planned cell listed, how each ended, and how reserved memory moved past the ceil
 
 from __future__ import annotations
 
+import dataclasses
+
+import pandas as pd
+import pytest
+
 from harness.grid import load_grid
 from harness.report import data, longrun
-from harness.results import write_result
+from harness.results import Progress, write_progress, write_result
 from test_results import make_result
 
 GRID = """name: long-run
@@ -52,7 +57,7 @@ def test_every_planned_long_run_is_listed_with_how_it_ended(tmp_path):
     assert list(table["batch (search's ceiling)"]) == ["120 (no search)", "160 (no search)", "640 (no search)"]
 
     text = longrun.reading(runs)
-    assert text.startswith("1 of the 2 long runs that ran trained every step at their batch")
+    assert text.startswith("1 of the 2 long runs that ended trained every step at their batch")
     assert "colpali-plain-b160-lik-h100-80gb ran out of memory after 12 of 20 steps, so its 8-step ceiling" in text
     assert "512 MiB (colpali-plain-b120-vanilla-h100-80gb)" in text and "1 more have not run yet" in text
     assert longrun.plot(runs) is not None
@@ -68,3 +73,50 @@ def test_the_committed_long_run_grid_reads_with_or_without_results():
         assert shown in (f"{run.cell.spec.batch_size} ({run.cell.spec.batch_size})", f"{run.cell.spec.batch_size} (not settled)")
     if not any(run.result for run in runs):
         assert longrun.reading(runs).startswith(f"None of the {len(runs)} long runs has run yet")
+
+
+def progress(cell, steps_done, reserved=2000.0):
+    per_step = [reserved] * 8 + [reserved + 64] * (steps_done - 8)  # reserved and allocated both up 64 MiB
+    return Progress(cell_id=cell.cell_id, spec=cell.spec, steps_done=steps_done,
+                    step_peak_alloc_per_step_mib=[value - 100 for value in per_step], step_peak_reserved_per_step_mib=per_step,
+                    step_times_sec=[2.0] * steps_done, written_at="2026-12-02T19:00:00+00:00")  # fmt: skip
+
+
+def test_a_run_cut_short_by_its_host_is_read_from_its_progress(tmp_path):
+    grid, results = write_runs(tmp_path)
+    cells = load_grid(grid)
+    pylate = cells[2]
+    where = results.root / "long-run" / "pylate" / "grad-checkpoint" / f"{pylate.cell_id}.json"
+    # a record of another spec (the grid's batch changed since) is not this run's
+    other = dataclasses.replace(pylate, spec=dataclasses.replace(pylate.spec, batch_size=608))
+    write_progress(progress(other, 12), where)
+    assert longrun.long_runs(results, grid)[2].progress is None
+    write_progress(progress(pylate, 20), where)
+    run = longrun.long_runs(results, grid)[2]
+    assert run.cut and run.held is None and run.steps_trained == 20
+    assert run.after_horizon(run.reserved_per_step) == 64.0 and run.after_horizon(run.fragmentation_per_step) == 0.0
+
+    table = longrun.table(longrun.long_runs(results, grid), searches=[])
+    assert table["outcome"][2] == "cut short by its host (no OOM up to there)" and table["steps"][2] == "20 of 30"
+    assert table["after step 8: reserved / reserved − alloc (MiB)"][2] == "+64 / +0"
+    text = longrun.reading(longrun.long_runs(results, grid))
+    assert "pylate-grad-checkpoint-b640-vanilla-h100-80gb trained 20 of 30 steps before its host was taken back" in text
+    assert "more have not run yet" not in text  # every planned run ran, in full or in part
+    assert longrun.plot(longrun.long_runs(results, grid)) is not None
+
+
+def test_what_a_long_run_costs_alone_is_estimated_from_the_cells_timed_alone(tmp_path):
+    grid, results = write_runs(tmp_path)
+    runs = longrun.long_runs(results, grid)
+    timed = pd.DataFrame([
+        {"stack": "colpali", "regime": "plain", "backend": "vanilla", "batch_size": 64, "steady_step_time_sec": 4.0},
+        {"stack": "colpali", "regime": "plain", "backend": "vanilla", "batch_size": 128, "steady_step_time_sec": 7.5},
+        {"stack": "pylate", "regime": "grad-checkpoint", "backend": "vanilla", "batch_size": 512, "steady_step_time_sec": 2.0},
+    ])  # fmt: skip
+    # a line through two batches: 0.5 + B * 7/128 s a step, 20 steps
+    assert longrun.estimated_minutes(runs[0], timed) == pytest.approx(20 * (0.5 + 120 * 3.5 / 64) / 60)
+    assert longrun.estimated_minutes(runs[1], timed) is None  # no lik cell timed
+    # one batch: in proportion to the batch, 30 steps
+    assert longrun.estimated_minutes(runs[2], timed) == pytest.approx(30 * 2.0 * 640 / 512 / 60)
+    table = longrun.table(runs, searches=[], timed=timed)
+    assert list(table["GPU min alone (est.)"]) == ["2", "no timed cell", "1"]

@@ -36,7 +36,7 @@ REPEAT = "repeat"  # grids/repeat.yaml: published-grid cells run again, for the 
 SHARED_CHECK = "shared-gpu-check"  # grids/shared-gpu-check.yaml: a ceiling search run again on a shared GPU
 CEILINGS = "ceilings"  # the grid of the ceiling searches' probes
 PARITY = "parity"  # grids/parity.yaml: traced 50-step cells, read by the parity page (harness.report.agreement)
-LONG_RUN = "long-run"  # grids/long-run.yaml: 100-300 steps at the 80 GB ceilings, read by the ceilings page
+LONG_RUN = "long-run"  # grids/long-run.yaml: 100-200 steps at the 80 GB ceilings, read by the ceilings page
 MULTI_GPU = "multi-gpu"  # grids/multi-gpu.yaml: data-parallel cells with gathered negatives (harness.ranks)
 MULTI_GPU_CEILINGS = "multi-gpu-ceilings"  # grids/multi-gpu-ceilings.yaml: per-rank ceilings at W = 8, gathered
 MULTI_GPU_CEILINGS_GRID = ROOT / "grids" / "multi-gpu-ceilings.yaml"

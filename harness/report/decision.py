@@ -174,6 +174,23 @@ def _decided_cards(rows: Sequence[SearchRow]) -> list[str]:
     return decided
 
 
+def _matching_where_settled(rows: Sequence[SearchRow], decided: Sequence[str], winners_per_card: dict[str, list[str]],
+                            everywhere: Sequence[str]) -> list[tuple[str, list[str], list[str]]]:  # fmt: skip
+    """Fused backends that train the winners' batch on every decided card where their own search has
+    settled, but lack a settled search on some decided card: (backend, cards settled, cards not), so
+    the sentence does not read as if they lost there."""
+    if not everywhere or "vanilla" in everywhere:
+        return []
+    found = []
+    for backend in style.in_order({row.backend for row in rows} - set(everywhere) - {"vanilla"}):
+        where = [card for card in decided
+                 if any(row.card == card and row.backend == backend and row.settled is not None for row in rows)]  # fmt: skip
+        missing = [card for card in decided if card not in where]
+        if where and missing and all(backend in winners_per_card[card] for card in where):
+            found.append((backend, [card_short(card) for card in where], [card_short(card) for card in missing]))
+    return found
+
+
 def _names(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
@@ -219,6 +236,9 @@ def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regim
         batches = [str(next(row.settled for row in rows if row.card == card and row.backend == "vanilla")) for card in ties]
         text += (f"; on {_names([card_short(card) for card in ties])} vanilla trains the same batch "
                  f"({_names(batches)})")  # fmt: skip
+    for backend, where, missing in _matching_where_settled(rows, decided, winners_per_card, everywhere):
+        text += (f"; {backend} trains the same batch as {_names(everywhere)} on {_names(where)}, "
+                 f"where its search has settled, and has not settled on {_names(missing)}")  # fmt: skip
     found = timed_batch(cells, stack, regime)
     if found is not None and everywhere and "vanilla" not in everywhere:
         speeds = [f"{backend} {timing.ratio_words(found.against_vanilla[backend])}"

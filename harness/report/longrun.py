@@ -1,8 +1,11 @@
 """Do the 8-step ceilings hold over a whole run? The long-run cells (``grids/long-run.yaml``) train at
-a settled 80 GB ceiling for 100 steps (ColQwen2) or 300 (PyLate) and record allocated and reserved
+a settled 80 GB ceiling for 100 steps (ColQwen2) or 200 (PyLate) and record allocated and reserved
 memory at every step; this module reads them for the ceilings page: per planned cell, whether it
 trained every step, how reserved memory and reserved − allocated moved after the ceiling's own
-8-step horizon, and the search's ceiling beside the batch the cell trained.
+8-step horizon, and the search's ceiling beside the batch the cell trained. A run whose host was
+taken back before it ended (a lease that ran out) is read from its progress record
+(:class:`harness.results.Progress`): the steps it trained, without a verdict on the rest. What a run
+costs is estimated from the cells timed alone (:func:`estimated_minutes`), so a session can plan it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from harness.grid import GridCell, load_grid
 from harness.report import style
 from harness.report.data import GIB_PER_MIB, LONG_RUN, Results, SearchRow, backend_label, find_search
 from harness.report.text import card_short
-from harness.results import CellResult
+from harness.results import CellResult, Progress, load_progress
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID_FILE = ROOT / "grids" / f"{LONG_RUN}.yaml"
@@ -34,6 +37,29 @@ class LongRun:
 
     cell: GridCell
     result: CellResult | None
+    progress: Progress | None = None  # where a run cut short stood at its last checkpoint (no result)
+
+    @property
+    def cut(self) -> bool:
+        """Cut short by its host: no result, but steps measured before the host was taken back."""
+        return self.result is None and self.progress is not None and self.progress.steps_done > 0
+
+    @property
+    def reserved_per_step(self) -> list[float]:
+        if self.result is not None:
+            return self.result.step_peak_reserved_per_step_mib
+        return [] if self.progress is None else self.progress.step_peak_reserved_per_step_mib
+
+    @property
+    def allocated_per_step(self) -> list[float]:
+        if self.result is not None:
+            return self.result.step_peak_alloc_per_step_mib
+        return [] if self.progress is None else self.progress.step_peak_alloc_per_step_mib
+
+    @property
+    def fragmentation_per_step(self) -> list[float]:
+        pairs = zip(self.reserved_per_step, self.allocated_per_step, strict=True)
+        return [reserved - allocated for reserved, allocated in pairs]
 
     @property
     def backend(self) -> str:
@@ -41,7 +67,7 @@ class LongRun:
 
     @property
     def steps_trained(self) -> int:
-        return 0 if self.result is None else len(self.result.step_peak_reserved_per_step_mib)
+        return len(self.reserved_per_step)
 
     @property
     def held(self) -> bool | None:
@@ -61,7 +87,32 @@ class LongRun:
 def long_runs(results: Results, grid_file: Path = GRID_FILE) -> list[LongRun]:
     """Every cell of the long-run grid, in the grid's order, with its result where it has one."""
     found = results.by_id(LONG_RUN)
-    return [LongRun(cell, found.get(cell.cell_id)) for cell in load_grid(grid_file)]
+    return [LongRun(cell, found.get(cell.cell_id), _progress(results.root, cell)) for cell in load_grid(grid_file)]
+
+
+def _progress(root: Path, cell: GridCell) -> Progress | None:
+    """The progress record of a planned cell, where one of its own spec lies beside its result's path."""
+    record = load_progress(root.joinpath(cell.grid, *cell.spec.folder, f"{cell.cell_id}.json"))
+    return record if record is not None and record.spec == cell.spec else None
+
+
+def estimated_minutes(run: LongRun, timed: pd.DataFrame) -> float | None:
+    """GPU minutes the run takes alone: its steps times the steady seconds per step at its batch, from
+    a line through the cells of its stack, regime and backend timed under the timing rule (``timed``:
+    :func:`harness.report.tables.timed` of the cells; any card, since the capped profiles run on the
+    same GPU), or in proportion to the batch with one such cell. None without any."""
+    spec = run.cell.spec
+    same = timed[(timed["stack"] == spec.stack) & (timed["regime"] == spec.regime) & (timed["backend"] == run.backend)]
+    if same.empty:
+        return None
+    batches = same["batch_size"].to_numpy(dtype=float)
+    seconds = same["steady_step_time_sec"].to_numpy(dtype=float)
+    if len(set(batches)) >= 2:
+        slope, intercept = np.polyfit(batches, seconds, 1)
+        per_step = slope * spec.batch_size + intercept
+    else:
+        per_step = float(np.mean(seconds / batches)) * spec.batch_size
+    return spec.steps * per_step / 60
 
 
 def _ceiling_of(run: LongRun, searches: Sequence[SearchRow]) -> str:
@@ -72,9 +123,10 @@ def _ceiling_of(run: LongRun, searches: Sequence[SearchRow]) -> str:
     return str(row.fits) if row.done and row.fits is not None else "not settled"
 
 
-def table(runs: Sequence[LongRun], searches: Sequence[SearchRow]) -> pd.DataFrame:
-    """One row per planned long run: what it trained, how it ended, and how reserved memory and
-    reserved − allocated moved after the ceiling's 8-step horizon."""
+def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per planned long run: what it trained, how it ended, how reserved memory and
+    reserved − allocated moved after the ceiling's 8-step horizon and, with ``timed`` (the cells
+    timed under the timing rule), the GPU minutes it takes alone (:func:`estimated_minutes`)."""
     rows = []
     after = f"after step {HORIZON}: reserved / reserved − alloc (MiB)"
     for run in runs:
@@ -82,13 +134,21 @@ def table(runs: Sequence[LongRun], searches: Sequence[SearchRow]) -> pd.DataFram
         row = {"stack · backend": f"{spec.stack} · {run.backend}",
                "card · allocator": f"{card_short(spec.card)} · {spec.allocator}",
                "batch (search's ceiling)": f"{spec.batch_size} ({_ceiling_of(run, searches)})"}  # fmt: skip
-        if result is None:
-            rows.append(row | {"steps": f"0 of {spec.steps}", "outcome": "not run yet", "peak reserved (GiB)": "", after: ""})
-            continue
-        reserved, fragmentation = result.step_peak_reserved_per_step_mib, result.fragmentation_per_step_mib
-        grew, frag_grew = run.after_horizon(reserved), run.after_horizon(fragmentation)
-        outcome = ("trained every step" if run.held else f"oom at step {run.steps_trained + 1}" if result.outcome == "oom"
-                   else f"{result.outcome} (no memory verdict)")  # fmt: skip
+        if timed is not None:
+            minutes = estimated_minutes(run, timed)
+            row["GPU min alone (est.)"] = "no timed cell" if minutes is None else f"{minutes:.0f}"
+        reserved = run.reserved_per_step
+        grew, frag_grew = run.after_horizon(reserved), run.after_horizon(run.fragmentation_per_step)
+        if result is None and not run.cut:
+            outcome = "not run yet"
+        elif result is None:
+            outcome = "cut short by its host (no OOM up to there)"
+        elif run.held:
+            outcome = "trained every step"
+        elif result.outcome == "oom":
+            outcome = f"oom at step {run.steps_trained + 1}"
+        else:
+            outcome = f"{result.outcome} (no memory verdict)"
         rows.append(row | {
             "steps": f"{run.steps_trained} of {spec.steps}", "outcome": outcome,
             "peak reserved (GiB)": "" if not reserved else f"{max(reserved) * GIB_PER_MIB:.2f}",
@@ -98,14 +158,16 @@ def table(runs: Sequence[LongRun], searches: Sequence[SearchRow]) -> pd.DataFram
 
 
 def reading(runs: Sequence[LongRun]) -> str:
-    """What the long runs say of the 8-step ceilings, in words, computed from their results."""
+    """What the long runs say of the 8-step ceilings, in words, computed from their results (and the
+    progress of runs cut short by their host)."""
     ran = [run for run in runs if run.result is not None]
-    if not ran:
+    cut = [run for run in runs if run.cut]
+    if not ran and not cut:
         return (f"None of the {len(runs)} long runs has run yet (`harness sweep grids/{LONG_RUN}.yaml` on a GPU host), "
                 f"so whether an 8-step ceiling holds over a whole run is not measured here.")  # fmt: skip
     held = [run for run in ran if run.held]
     failed = [run for run in ran if not run.held]
-    sentences = [f"{len(held)} of the {len(ran)} long runs that ran trained every step at their batch"]
+    sentences = [f"{len(held)} of the {len(ran)} long runs that ended trained every step at their batch"] if ran else []
     for run in failed:
         assert run.result is not None
         if run.result.outcome == "oom":
@@ -114,7 +176,10 @@ def reading(runs: Sequence[LongRun]) -> str:
         else:
             sentences.append(f"{run.cell.cell_id} ended {run.result.outcome} after {run.steps_trained} of "
                              f"{run.cell.spec.steps} steps, which says nothing of its memory")  # fmt: skip
-    growth = [(run, run.after_horizon(run.result.step_peak_reserved_per_step_mib)) for run in held if run.result]
+    for run in cut:
+        sentences.append(f"{run.cell.cell_id} trained {run.steps_trained} of {run.cell.spec.steps} steps before its "
+                         "host was taken back, without running out of memory up to there")  # fmt: skip
+    growth = [(run, run.after_horizon(run.reserved_per_step)) for run in held + cut]
     measured = [(run, grew) for run, grew in growth if grew is not None]
     if measured:
         most_run, most = max(measured, key=lambda pair: pair[1])
@@ -123,25 +188,25 @@ def reading(runs: Sequence[LongRun]) -> str:
         else:
             sentences.append(f"the most any reserved after step {HORIZON} beyond its first {HORIZON} steps' largest is "
                              f"{most:.0f} MiB ({most_run.cell.cell_id})")  # fmt: skip
-    if len(ran) < len(runs):
-        sentences.append(f"{len(runs) - len(ran)} more have not run yet")
-    return "; ".join(sentences) + "."
+    if len(ran) + len(cut) < len(runs):
+        sentences.append(f"{len(runs) - len(ran) - len(cut)} more have not run yet")
+    text = "; ".join(sentences)
+    return text[0].upper() + text[1:] + "."
 
 
 def plot(runs: Sequence[LongRun]) -> Figure | None:
     """Reserved (solid) and allocated (dotted) step peaks per step of every long run that ran, one
     panel per stack (one above the other, legends beside them), one colour per backend; the
     ceiling's 8-step horizon marked, and a cross where a run ran out of memory."""
-    ran = [run for run in runs if run.result is not None and run.result.step_peak_reserved_per_step_mib]
+    ran = [run for run in runs if run.reserved_per_step]
     if not ran:
         return None
     stacks = sorted({run.cell.spec.stack for run in ran})
     figure, axes = plt.subplots(len(stacks), 1, figsize=(8.0, 3.2 * len(stacks)), squeeze=False)
     for axis, stack in zip(axes[:, 0], stacks, strict=True):
         for run in (run for run in ran if run.cell.spec.stack == stack):
-            assert run.result is not None
-            reserved = np.asarray(run.result.step_peak_reserved_per_step_mib) * GIB_PER_MIB
-            allocated = np.asarray(run.result.step_peak_alloc_per_step_mib) * GIB_PER_MIB
+            reserved = np.asarray(run.reserved_per_step) * GIB_PER_MIB
+            allocated = np.asarray(run.allocated_per_step) * GIB_PER_MIB
             steps = np.arange(1, len(reserved) + 1)
             colour = style.colour(run.backend)
             label = f"{run.backend} B={run.cell.spec.batch_size}" + (
@@ -150,7 +215,10 @@ def plot(runs: Sequence[LongRun]) -> Figure | None:
             axis.plot(steps, reserved, color=colour, linestyle=dash, linewidth=1.5, label=f"{label}: reserved")
             axis.plot(steps[: len(allocated)], allocated, color=colour, linestyle=":", linewidth=1.2,
                       label=f"{label}: allocated")  # fmt: skip
-            if not run.held:  # where it ran out of memory: the step after its last
+            if run.cut:  # where its host was taken back: a bar after its last step
+                axis.plot([len(reserved)], [reserved[-1]], color=colour, marker="|", markersize=10, linestyle="none",
+                          label=f"{label}: cut short by its host after step {len(reserved)}")  # fmt: skip
+            elif run.result is not None and not run.held:  # where it ran out of memory: the step after its last
                 axis.plot([len(reserved) + 1], [reserved[-1]], color=colour, marker="x", markersize=8, linestyle="none",
                           label=f"{label}: {run.result.outcome} at step {len(reserved) + 1}")  # fmt: skip
         axis.axvline(HORIZON, color="#7f7f7f", linewidth=0.8, linestyle="--")
