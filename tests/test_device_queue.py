@@ -1,0 +1,42 @@
+"""tools/device_queue.sh's `pack` on a leased machine: it never waits on a queue that is not there (a
+machine given back between two calls comes back bare), and packs what a queue finished."""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tools" / "device_queue.sh"
+
+
+def pack(where: Path, seconds: int) -> subprocess.CompletedProcess[str]:
+    out = where / "out"
+    out.mkdir(exist_ok=True)
+    return subprocess.run(["bash", str(SCRIPT), "pack", str(seconds)], cwd=where, env={"OUT": str(out), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_pack_on_a_bare_machine_says_so_at_once(tmp_path):
+    began = time.perf_counter()
+    run = pack(tmp_path, 30)
+    assert run.returncode == 1 and "no queue was started on this machine" in run.stdout
+    assert time.perf_counter() - began < 10  # not the 30 seconds it was asked to wait
+    assert not (tmp_path / "out" / "results.tar.gz").exists()
+
+
+def test_pack_packs_what_a_finished_queue_wrote(tmp_path):
+    log = tmp_path / "device-log"
+    log.mkdir()
+    (log / "queue.pid").write_text("1\n")
+    (log / "queue.done").touch()
+    (log / "queue.log").write_text("== queue done\n")
+    result = tmp_path / "device-results" / "ceilings" / "pylate" / "plain" / "cell.json"
+    result.parent.mkdir(parents=True)
+    result.write_text("{}\n")
+    run = pack(tmp_path, 30)
+    assert run.returncode == 0 and "QUEUE DONE" in run.stdout
+    with tarfile.open(tmp_path / "out" / "results.tar.gz") as packed:
+        assert "device-results/ceilings/pylate/plain/cell.json" in packed.getnames()
