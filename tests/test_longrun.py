@@ -120,3 +120,6 @@ def test_what_a_long_run_costs_alone_is_estimated_from_the_cells_timed_alone(tmp
     assert longrun.estimated_minutes(runs[2], timed) == pytest.approx(30 * 2.0 * 640 / 512 / 60)
     table = longrun.table(runs, searches=[], timed=timed)
     assert list(table["GPU min alone (est.)"]) == ["2", "no timed cell", "1"]
+    # no cell timed at all (a checkout with no results): every run says so
+    nothing = longrun.table(runs, searches=[], timed=pd.DataFrame())
+    assert list(nothing["GPU min alone (est.)"]) == ["no timed cell"] * 3

@@ -102,6 +102,8 @@ def estimated_minutes(run: LongRun, timed: pd.DataFrame) -> float | None:
     :func:`harness.report.tables.timed` of the cells; any card, since the capped profiles run on the
     same GPU), or in proportion to the batch with one such cell. None without any."""
     spec = run.cell.spec
+    if timed.empty:
+        return None
     same = timed[(timed["stack"] == spec.stack) & (timed["regime"] == spec.regime) & (timed["backend"] == run.backend)]
     if same.empty:
         return None
