@@ -158,8 +158,23 @@ def test_the_ceiling_dry_run_reads_every_committed_search_as_the_search_module_d
     out, err = capsys.readouterr()
     assert err == ""  # no search refused: every committed probe lies on its search's walk
     searches = load_searches(grid)
-    expected = [describe(search, search_state(search, ROOT / "results")[0]) for search in searches]
-    assert out.splitlines() == [*expected, f"{len(searches)} searches"]
+    states = [search_state(search, ROOT / "results") for search in searches]
+    expected = [describe(search, ceiling) for search, (ceiling, _) in zip(searches, states, strict=True)]
+    lines = out.splitlines()
+    assert len(lines) == len(searches) + 1
+    costed = []
+    for line, said, (_, probe) in zip(lines[:-1], expected, states, strict=True):
+        assert line.startswith(said)
+        if probe is None:  # a finished search costs nothing more
+            assert line == said
+        else:  # the next probe is costed from the cells timed alone
+            assert re.fullmatch(r" · ≈ \d+\.\d GPU-min alone", line[len(said):]), line
+            costed.append(float(line.split("≈ ")[1].split()[0]))
+    unfinished = sum(not ceiling.done for ceiling, _ in states)
+    assert costed and unfinished >= len(costed)
+    total = re.fullmatch(rf"{len(searches)} searches, {unfinished} unfinished; their next probes ≈ (\d+) GPU-minutes alone",
+                         lines[-1])  # fmt: skip
+    assert total and abs(int(total[1]) - sum(costed)) <= 0.5 + 0.05 * len(costed)  # the sum of the lines, rounded
     # (when the refactor landed, this output equalled, byte for byte, that of the old code, which found
     # probes by their file names: the embedded specs find the same probes)
     assert all(line.startswith(f"{search.search_id}: ") for search, line in zip(searches, expected, strict=True))

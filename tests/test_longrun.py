@@ -123,3 +123,20 @@ def test_what_a_long_run_costs_alone_is_estimated_from_the_cells_timed_alone(tmp
     # no cell timed at all (a checkout with no results): every run says so
     nothing = longrun.table(runs, searches=[], timed=pd.DataFrame())
     assert list(nothing["GPU min alone (est.)"]) == ["no timed cell"] * 3
+
+
+def test_a_ceiling_probe_is_costed_from_the_cells_of_its_regime_and_backend():
+    from harness.search import CeilingSearch
+
+    search = CeilingSearch(stack="pylate", regime="gradcache", mini_batch_size=64, score_mini_batch_size=16, variant="vanilla",
+                           card="rtx4090-24gb", seeds=(42,), start=2048, limit=4096, resolution=128)  # fmt: skip
+    probe = search.probe(2048, 42)
+    chunked = "vanilla + chunk 16"
+    timed = pd.DataFrame([
+        {"stack": "pylate", "regime": "gradcache", "backend": chunked, "batch_size": 1024, "steady_step_time_sec": 7.0},
+        {"stack": "pylate", "regime": "gradcache", "backend": "vanilla", "batch_size": 1024, "steady_step_time_sec": 9.0},
+        {"stack": "pylate", "regime": "grad-checkpoint", "backend": chunked, "batch_size": 1024, "steady_step_time_sec": 1.0},
+    ])  # fmt: skip
+    # only the chunked gradcache cell counts: 8 steps at twice its batch
+    assert longrun.minutes_alone(probe, timed) == pytest.approx(probe.steps * 7.0 * 2 / 60)
+    assert longrun.minutes_alone(probe, timed[timed["regime"] == "grad-checkpoint"]) is None  # none of its regime

@@ -25,6 +25,7 @@ from harness.report import style
 from harness.report.data import GIB_PER_MIB, LONG_RUN, Results, SearchRow, backend_label, find_search
 from harness.report.text import card_short
 from harness.results import CellResult, Progress, load_progress
+from harness.spec import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID_FILE = ROOT / "grids" / f"{LONG_RUN}.yaml"
@@ -97,14 +98,23 @@ def _progress(root: Path, cell: GridCell) -> Progress | None:
 
 
 def estimated_minutes(run: LongRun, timed: pd.DataFrame) -> float | None:
-    """GPU minutes the run takes alone: its steps times the steady seconds per step at its batch, from
-    a line through the cells of its stack, regime and backend timed under the timing rule (``timed``:
-    :func:`harness.report.tables.timed` of the cells; any card, since the capped profiles run on the
-    same GPU), or in proportion to the batch with one such cell. None without any."""
+    """GPU minutes the long run takes alone: :func:`minutes_alone` of its spec."""
     spec = run.cell.spec
+    assert isinstance(spec, TrainSpec)  # the long-run grid trains
+    return minutes_alone(spec, timed)
+
+
+def minutes_alone(spec: TrainSpec, timed: pd.DataFrame) -> float | None:
+    """GPU minutes a training cell takes with the GPU to itself: its steps times the steady seconds
+    per step at its batch, from a line through the cells of its stack, regime and backend timed under
+    the timing rule (``timed``: :func:`harness.report.tables.timed` of the cells; any card, since the
+    capped profiles run on the same GPU), or in proportion to the batch with one such cell. None
+    without any. Loading the model and the data, and a first step's autotuning, are left out: they
+    do not grow with B."""
     if timed.empty:
         return None
-    same = timed[(timed["stack"] == spec.stack) & (timed["regime"] == spec.regime) & (timed["backend"] == run.backend)]
+    backend = backend_label(spec.variant, spec.score_mini_batch_size)
+    same = timed[(timed["stack"] == spec.stack) & (timed["regime"] == spec.regime) & (timed["backend"] == backend)]
     if same.empty:
         return None
     batches = same["batch_size"].to_numpy(dtype=float)
