@@ -292,24 +292,6 @@ def _say_share(share: dict[str | None, float] | None) -> None:
         print("sharing GPUs: " + ", ".join(f"{gpu or 'default'} {gib:.1f} GiB" for gpu, gib in share.items()))
 
 
-def _timed_cells(results_dir: Path) -> Any:
-    """The cells under ``results_dir`` timed under the timing rule, to cost the next probes; an empty
-    frame where none are (or the report's libraries are not installed)."""
-    try:
-        from harness.report import data, tables
-    except ImportError:
-        return None
-    return tables.timed(data.load(results_dir)[0])
-
-
-def _minutes_alone(probe: Any, timed: Any) -> float | None:
-    if timed is None:
-        return None
-    from harness.report.longrun import minutes_alone
-
-    return minutes_alone(probe, timed)
-
-
 def _pin(choice: str, gpus: list[str] | None) -> bool:
     """``--pin-cpus``: on, off, or (auto) on when cells run on more than one GPU at once."""
     return choice == "on" or (choice == "auto" and gpus is not None and len(gpus) > 1)
@@ -326,8 +308,10 @@ def _ceiling(args: argparse.Namespace) -> int:
         print(f"harness ceiling: no search of {args.grid} matches {' or '.join(args.match)}", file=sys.stderr)
         return 2
     if args.dry_run:
+        from harness.report import data, longrun, tables
+
         refused, pending, minutes, unknown = 0, 0, 0.0, 0
-        timed = _timed_cells(args.results_dir)
+        timed = tables.timed(data.load(args.results_dir)[0])  # what costs each next probe
         for search in searches:
             try:
                 ceiling, probe = search_state(search, args.results_dir)
@@ -337,13 +321,16 @@ def _ceiling(args: argparse.Namespace) -> int:
                 continue
             cost, pending = "", pending + (not ceiling.done)
             if probe is not None:
-                estimate = _minutes_alone(probe, timed)
+                estimate = longrun.minutes_alone(probe, timed)
                 cost = " · no timed cell to cost it" if estimate is None else f" · ≈ {estimate:.1f} GPU-min alone"
                 unknown += estimate is None
                 minutes += estimate or 0.0
             print(describe(search, ceiling) + cost)
-        print(f"{len(searches)} searches, {pending} unfinished; their next probes ≈ {minutes:.0f} GPU-minutes alone"
-              + (f" (and {unknown} with no timed cell to cost them)" if unknown else ""))  # fmt: skip
+        summary = f"{len(searches)} searches, {pending} unfinished" + (f", {refused} refused" if refused else "")
+        if pending:
+            summary += f"; their next probes ≈ {minutes:.0f} GPU-minutes alone"
+            summary += f" (and {unknown} with no timed cell to cost them)" if unknown else ""
+        print(summary)
         return 1 if refused else 0
     try:
         gpus = visible_gpus(args.gpus) if args.gpus else None

@@ -271,7 +271,7 @@ def test_a_search_edited_after_its_probes_ran_is_refused(tmp_path, layout, monke
     grid = grid_file(tmp_path / "grid.yaml", edited)
     assert cli.main(["ceiling", str(grid), "--dry-run", "--results-dir", str(layout.results_dir)]) == 1
     out, err = capsys.readouterr()
-    assert out == "1 searches\n"
+    assert out == "1 searches, 0 unfinished, 1 refused\n"  # the refused search is neither costed nor counted open
     assert err.startswith("pylate-grad-checkpoint-vanilla-h100-80gb: stopped, "
                           "pylate-grad-checkpoint-vanilla-h100-80gb: probes at B=[256]")  # fmt: skip
     (stopped,) = orchestrate.run_searches([edited], layout, echo=lambda line: None)
