@@ -385,9 +385,6 @@ def test_an_oom_cell_is_marked_in_the_fragmentation_table_and_card_headings_say_
 
 def test_what_fails_first_and_why_is_read_from_the_results(tmp_path):
     cells, _ = data.load(fixture_results(tmp_path / "results"))
-    assert prose.first_failures(cells) == [
-        "On the 80 GB card: vanilla first runs out of memory at B=1024 in the MaxSim op; lik trains every batch run "
-        "(up to 1024) — vanilla's score grid binds first: it fails in the op at a batch that lik trains."]
     assert prose.peaks_compared(cells, "pylate", "grad-checkpoint", 512, ["vanilla", "lik"]) == (
         "lik's step peak allocated is 22.50 GiB below vanilla's")
     small = pd.Series({"oom_message": HELD_OOM.format(request="1.79 GiB")})

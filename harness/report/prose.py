@@ -665,43 +665,55 @@ def call_shapes(calls: pd.DataFrame) -> str:
             f"{min(pages)}–{max(pages)}, and the embeddings reach the loss as {dtypes}.")  # fmt: skip
 
 
-def first_failures(cells: pd.DataFrame) -> list[str]:
-    """Per card, the first batch at which each backend runs out of memory and where — in the MaxSim op or
-    outside it — and, where every backend fails at the same batch outside the op with the same pre-OOM
-    peak, that it does: the op is then not what fills the card."""
-    lines: list[str] = []
-    if cells.empty:
-        return lines
-    for card in cards_in_order(cells["card"]):
-        mine = matching(cells, card=card, allocator="default")
-        parts: list[str] = []
-        firsts: dict[str, pd.Series] = {}
-        for backend in style.in_order(mine["backend"].unique()):
-            own = mine[mine["backend"] == backend].sort_values("batch_size")
-            failed = own[own["outcome"] == "oom"]
-            if failed.empty:
-                parts.append(f"{backend} trains every batch run (up to {own['batch_size'].max()})")
-                continue
-            first = failed.iloc[0]
-            firsts[backend] = first
-            where = {"maxsim": "in the MaxSim op", "elsewhere": "outside the op"}.get(str(first["oom_where"]), "")
-            parts.append(f"{backend} first runs out of memory at B={first['batch_size']} {where}".rstrip())
-        rows = list(firsts.values())
-        same = {(r["batch_size"], r["oom_where"], r["pre_oom_alloc_mib"]) for r in rows}
-        if len(rows) == len(parts) > 1 and len(same) == 1 and rows[0]["oom_where"] == "elsewhere":
-            failing = list(firsts)
-            text = (f"On the {card_short(card)} card {', '.join(failing[:-1])} and {failing[-1]} all first run out of memory at "
-                    f"B={rows[0]['batch_size']}, outside the op, with the same {rows[0]['pre_oom_alloc_mib'] * GIB_PER_MIB:.2f} "
-                    "GiB allocated: the score op is not what fills the card")  # fmt: skip
-        else:
-            text = f"On the {card_short(card)} card: " + "; ".join(parts)
-            inside = [(backend, row) for backend, row in firsts.items() if row["oom_where"] == "maxsim"]
-            trained = [b for b in style.in_order(mine["backend"].unique()) if b not in firsts or firsts[b]["batch_size"] > min(
-                row["batch_size"] for _, row in inside)] if inside else []  # fmt: skip
-            if inside and trained:
-                names = trained[0] if len(trained) == 1 else f"{', '.join(trained[:-1])} and {trained[-1]}"
-                text += (f" — {inside[0][0]}'s score grid binds first: it fails in the op at a batch that "
-                         f"{names} train{'s' if len(trained) == 1 else ''}")  # fmt: skip
+WHERE_FAILED = {"maxsim": "in the MaxSim op", "elsewhere": "outside the op"}
+
+
+def _names(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def ceiling_reach(searches: Sequence[SearchRow], stack: str, regime: str, allocator: str = "default") -> list[str]:
+    """Per card, from the ceiling searches (the finer measurement: every seed, bisected to the search's
+    resolution), the largest batch each backend trains and where the next batch ran out of memory — in
+    the MaxSim op or outside it — then what that says, computed:
+
+    - vanilla's next batch fails in the op and another backend trains more: vanilla's score grid binds first;
+    - every backend stops at the same batch, outside the op: the score op is not what fills the card;
+    - the same batch, vanilla failing in the op: at the search's resolution the score op does not move it.
+
+    A search under way is given as its range, one not started as 'not run'; a card with no probe is left out."""
+    lines = []
+    rows = [row for row in searches if (row.stack, row.regime, row.allocator) == (stack, regime, allocator)]
+    for card in cards_in_order(row.card for row in rows if row.probes > 0):
+        on_card = [row for row in rows if row.card == card]
+        order = style.in_order({row.backend for row in on_card})
+        on_card.sort(key=lambda row: order.index(row.backend))
+        parts = []
+        for row in on_card:
+            if row.settled is not None and row.fails is not None:
+                where = WHERE_FAILED.get(row.fails_where or "", "")
+                parts.append(f"{row.backend} trains {row.settled} (B={row.fails} runs out of memory {where})".replace(" )", ")"))
+            else:
+                parts.append(f"{row.backend} {ceiling_text(row)}")
+        text = f"On the {card_short(card)} card: " + "; ".join(parts)
+        vanilla = next((row for row in on_card if row.backend == "vanilla"), None)
+        others = [row for row in on_card if row is not vanilla and row.settled is not None]
+        if vanilla is not None and vanilla.settled is not None and vanilla.fails is not None and others:
+            above = [row for row in others if row.settled is not None and row.settled > vanilla.settled]
+            same = all(row.settled == vanilla.settled for row in others)
+            if vanilla.fails_where == "maxsim" and above:
+                batches: dict[int, list[str]] = {}
+                for row in above:
+                    batches.setdefault(int(row.settled or 0), []).append(row.backend)
+                more = ", ".join(f"{_names(names)} {batch}" for batch, names in sorted(batches.items()))
+                others_word = "the others" if len(above) == len(others) else "others"
+                text += (f" — vanilla's score grid binds first: its next batch fails in the MaxSim op, while {others_word} "
+                         f"train more ({more}: up to {max(batches) / vanilla.settled:.2f}× vanilla's batch)")  # fmt: skip
+            elif same and all(row.fails_where == "elsewhere" for row in [vanilla, *others]):
+                text += " — every backend stops at the same batch, outside the op: the score op is not what fills the card"
+            elif same and vanilla.fails_where == "maxsim":
+                text += (" — every backend stops at the same batch: vanilla's next batch fails in the MaxSim op, the "
+                         "others' outside it, so at the search's resolution the score op does not move the ceiling")  # fmt: skip
         lines.append(text + ".")
     return lines
 
