@@ -83,7 +83,7 @@ def op_parity_table(frame: pd.DataFrame, library: str) -> pd.DataFrame:
         rows.append({
             "head": nowrap(str(head)), "backend": nowrap(str(backend)), "dtype": dtype, "device": device,
             "scores": nowrap(_error(group["scores_rel"])), "loss": nowrap(_error(group["loss_rel"])),
-            "gradients": nowrap(_error(group["grad_rel"])), "worst / bound": sig(group["of_bound"].max(), 2),
+            "gradients": nowrap(_error(group["grad_rel"])), "worst / bound": nowrap(of_bound(group["of_bound"].max())),
             "within bound": nowrap(f"{int(group['passed'].sum())} / {len(group)}"),
         })  # fmt: skip
     return pd.DataFrame(rows)
@@ -91,7 +91,24 @@ def op_parity_table(frame: pd.DataFrame, library: str) -> pd.DataFrame:
 
 def _error(values: pd.Series) -> str:
     present = values.dropna()
-    return "—" if present.empty else f"{present.max():.1e}"
+    if present.empty:
+        return "—"
+    return "not finite" if not math.isfinite(present.max()) else f"{present.max():.1e}"
+
+
+def of_bound(value: float) -> str:
+    """The worst error as a fraction of its bound, so that a failure always reads as one: '0.56', '1.01 (out)'
+    — never '1.0' for an error just outside its bound — and 'not finite (out)' rather than 'inf'."""
+    if pd.isna(value):
+        return "—"
+    if not math.isfinite(value):
+        return "not finite (out)"
+    if value <= 1:
+        return sig(value, 2)
+    shown = sig(value, 2)
+    if float(shown) <= 1:  # 1.004 would round to '1.0': show the digits that put it outside
+        shown = f"{value:.3f}" if f"{value:.2f}" == "1.00" else f"{value:.2f}"
+    return f"{shown} (out)"
 
 
 def op_verdict(frame: pd.DataFrame, library: str, library_backends: tuple[str, ...]) -> str:
@@ -261,10 +278,12 @@ def training_table(traced: list[Any], published_max_gap: float | None = None) ->
                        else "not the same" if row.get("floor") is not None else "")  # fmt: skip
             finite = finite_steps(result)
             last = "—" if not finite else f"{losses[finite - 1]:.4f}"  # the last loss before it diverged
+            if finite and finite < len(losses):  # the loss after it is another reading (finite_loss_after_divergence)
+                last += f" (step {finite})"
             weights = None if parity is None else parity.final_weight_rel_diff
             rows.append({
                 "stack · regime": f"{stack} · {regime}", "batch": batch, "backend": nowrap(style.short(backend)),
-                "loss, first → last": "—" if not losses else nowrap(f"{losses[0]:.4f} → {last}"),
+                "loss, first → last compared": "—" if not losses else nowrap(f"{losses[0]:.4f} → {last}"),
                 "|Δloss| max / mean": nowrap(f"{row['max_gap']:.4f} / {row['mean_gap']:.4f}") if "max_gap" in row else "",
                 "step-1 grad. cosine": "" if parity is None or parity.first_grad_cosine is None
                 else f"{parity.first_grad_cosine:.6f}",
