@@ -6,13 +6,14 @@ import pandas as pd
 
 from harness import memmodel
 from harness.report import data, predictions
+from harness.report.text import regime_label
 
 
 def test_the_validation_table_shows_every_search_with_probes_and_its_verdict():
     document = predictions.validation()
     table = pd.concat(predictions.validation_tables(document).values(), ignore_index=True)
     probed = [row for row in document["validation"] if row["state"] != "not run" and row["allocator"] == "default"]
-    probed.sort(key=lambda row: list(predictions.validation_tables(document)).index(f"{row['stack']} · {row['regime']}"))
+    probed.sort(key=lambda row: list(predictions.validation_tables(document)).index(regime_label(row['stack'], row['regime'])))
     assert len(table) == len(probed)
     missed = [row for row in probed if row["within_goal"] is False]
     assert (table["verdict"].str.startswith("misses")).sum() == len(missed)
