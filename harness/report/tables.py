@@ -23,6 +23,7 @@ from harness.report.text import (
     nowrap,
     number,
     percent,
+    regime_label,
     sig,
     signed,
 )
@@ -402,9 +403,12 @@ def ceiling_details(searches: Sequence[SearchRow]) -> pd.DataFrame:
         if row.fails_message is not None:
             asked = nowrap(_asked(row.fails_message)).replace("asked\u00a0", "asked ")  # its size on one line, the rest wraps
             failed += f", {asked}" if failed else asked
+        if not failed:  # no batch above has failed (yet): say why the cell is empty
+            failed = ("none yet (searching)" if not row.done else "none: the search reached its limit") if row.fails is None \
+                else f"B={row.fails}" + ("" if row.done else " (searching)")  # fmt: skip
         growth = "" if missing(row.fragmentation_growth_mib) else f" ({signed(float(row.fragmentation_growth_mib or 0), '+.0f')})"
         rows.append({
-            "stack · regime": f"{row.stack} · {row.regime}", "backend": row.backend,
+            "stack · regime": regime_label(row.stack, row.regime), "backend": row.backend,
             "card · allocator": f"{card_short(row.card)} · {row.allocator}", "ceiling": ceiling_text(row),
             "peak alloc / reserved (GiB)": peaks, "headroom (GiB)": number(row.headroom_gib, ".2f"),
             "reserved − alloc (GiB), growth over steps (MiB)": number(row.fragmentation_gib, ".2f") + growth,
