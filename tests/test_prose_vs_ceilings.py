@@ -185,7 +185,7 @@ def test_a_card_we_searched_shows_its_measured_ceiling_beside_the_prediction(sea
             label = next(c for c in table["card (usable GiB)"] if c.startswith(name))
             cell = table.loc[table["card (usable GiB)"] == label, nowrap(row.backend)].iloc[0]
             measured = ceiling_text(row).replace(" (searching)", ", searching")
-            assert nowrap(f"measured {measured}") in cell, (row.card, row.backend, cell)
+            assert f"measured {nowrap(measured)}" in cell, (row.card, row.backend, cell)
 
 
 def test_no_published_time_heading_stands_over_an_empty_table():

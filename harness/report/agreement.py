@@ -132,8 +132,13 @@ def op_verdict(frame: pd.DataFrame, library: str, library_backends: tuple[str, .
             backend, dtype, device = (str(key) for key in keys)
             heads, cases = ", ".join(dict.fromkeys(group["head"])), ", ".join(dict.fromkeys(group["case"]))
             low, high = group["of_bound"].min(), group["of_bound"].max()
-            far = f"{sig(low, 3)}×" if sig(low, 3) == sig(high, 3) else f"{sig(low, 3)}–{sig(high, 3)}×"
-            groups.append(f"{backend} {dtype} on {device} ({heads}; {cases}: {far} its bound)")
+            if not math.isfinite(high):  # a non-finite error (a NaN or inf output) is no multiple of the bound
+                finite = group["of_bound"][group["of_bound"].map(math.isfinite)]
+                far = ("errors not finite" if finite.empty else
+                       f"up to {sig(finite.max(), 3)}× its bound, and errors not finite")  # fmt: skip
+            else:
+                far = (f"{sig(low, 3)}×" if sig(low, 3) == sig(high, 3) else f"{sig(low, 3)}–{sig(high, 3)}×") + " its bound"
+            groups.append(f"{backend} {dtype} on {device} ({heads}; {cases}: {far})")
         text += f". Outside it: {'; '.join(groups)}"
         if set(failed["backend"]) == {"vanilla"}:
             text += (". Only the reference implementation itself exceeds it there, so those cases question the bound, "

@@ -121,7 +121,7 @@ def cards_table(rows: list[dict[str, Any]], stack: str, regime: str,
         found = data.find_search(searches, stack, regime, str(r["backend"]), str(r["card"]))
         if found is not None and found.probes > 0:
             measured = ceiling_text(found).replace(" (searching)", ", searching")
-            return f"{nowrap(text)}<br><i>{nowrap('measured ' + measured)}</i>"
+            return f"{nowrap(text)}<br><i>measured {nowrap(measured)}</i>"
         return nowrap(text)
 
     frame["shown"] = frame.apply(shown, axis=1)

@@ -24,6 +24,7 @@ from harness.report.text import (
     number,
     percent,
     regime_label,
+    regime_words,
     sig,
     signed,
 )
@@ -386,8 +387,8 @@ def ceiling_grid(searches: Sequence[SearchRow], allocator: str = "default") -> p
     chosen = [row for row in searches if row.allocator == allocator]
     if not chosen:
         return pd.DataFrame()
-    frame = pd.DataFrame([{"stack": row.stack, "regime": row.regime, "backend": row.backend, "card": row.card,
-                           "ceiling": ceiling_text(row)} for row in chosen])  # fmt: skip
+    frame = pd.DataFrame([{"stack": row.stack, "regime": regime_words(row.stack, row.regime), "backend": row.backend,
+                           "card": row.card, "ceiling": ceiling_text(row)} for row in chosen])  # fmt: skip
     table = frame.pivot_table(index=["stack", "regime", "backend"], columns="card", values="ceiling", aggfunc="first")
     order = cards_in_order(frame["card"])
     return table.reindex(columns=order).rename(columns=card_label).rename_axis(columns=None).fillna(NO_SEARCH)

@@ -173,6 +173,11 @@ def ceiling_text(row: SearchRow) -> str:
 REGIME_WORDS = {("colpali", "plain"): "recipe (grad-checkpointed)"}
 
 
+def regime_words(stack: str, regime: str) -> str:
+    """A regime as a page shows it: 'grad-checkpoint', 'recipe (grad-checkpointed)' for ColQwen2's 'plain'."""
+    return REGIME_WORDS.get((stack, regime), regime)
+
+
 def regime_label(stack: str, regime: str) -> str:
     """'pylate · grad-checkpoint', 'colpali · recipe (grad-checkpointed)': a stack and regime for a page."""
-    return f"{stack} · {REGIME_WORDS.get((stack, regime), regime)}"
+    return f"{stack} · {regime_words(stack, regime)}"
