@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness import memmodel
-from harness.report import data, predictions
+from harness.report import data, predictions, style
 from harness.report.text import regime_label
 
 
@@ -43,7 +43,7 @@ def test_the_cards_table_is_the_models_prediction_marked_where_its_margin_is_rou
         mine = [row for row in rows if (row["stack"], row["regime"]) == (stack, regime)]
         assert len(table) == len({row["card"] for row in mine})
         for row in mine:
-            column = row["backend"].replace(" ", "\u00a0")
+            column = style.short(row["backend"]).replace(" ", "\u00a0")
             shown = [value for value in table[column] if value.rstrip("*") == str(row["predicted_largest_batch"])]
             assert shown and all(value.endswith("*") == bool(row["margin_misclassifies"]) for value in shown)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from harness.report import data, prose
+from harness.report import data, prose, style
 from harness.report.text import nowrap
 from harness.search import Ceiling, CeilingSearch
 
@@ -183,7 +183,7 @@ def test_a_card_we_searched_shows_its_measured_ceiling_beside_the_prediction(sea
                 continue
             name = predictions._card(row.card).replace(" ", "\u00a0")
             label = next(c for c in table["card (usable GiB)"] if c.startswith(name))
-            cell = table.loc[table["card (usable GiB)"] == label, nowrap(row.backend)].iloc[0]
+            cell = table.loc[table["card (usable GiB)"] == label, nowrap(style.short(row.backend))].iloc[0]
             measured = ceiling_text(row).replace(" (searching)", ", searching")
             assert f"measured {nowrap(measured)}" in cell, (row.card, row.backend, cell)
 

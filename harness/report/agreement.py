@@ -23,7 +23,7 @@ from harness.grid import ROOT
 from harness.report import style
 from harness.report.data import PARITY as PARITY_GRID
 from harness.report.data import Results, backend_label, results_of
-from harness.report.text import nowrap, sig
+from harness.report.text import nowrap, regime_label, sig
 from harness.results import OTHER_RECORDS, default_results_dir
 from harness.spec import BACKENDS
 
@@ -287,7 +287,7 @@ def training_table(traced: list[Any], published_max_gap: float | None = None) ->
                 last += f" (step {finite})"
             weights = None if parity is None else parity.final_weight_rel_diff
             rows.append({
-                "stack · regime": f"{stack} · {regime}", "batch": batch, "backend": nowrap(style.short(backend)),
+                "stack · regime": regime_label(stack, regime), "batch": batch, "backend": nowrap(style.short(backend)),
                 "loss, first → last compared": "—" if not losses else nowrap(f"{losses[0]:.4f} → {last}"),
                 "|Δloss| max / mean": nowrap(f"{row['max_gap']:.4f} / {row['mean_gap']:.4f}") if "max_gap" in row else "",
                 "step-1 grad. cosine": "" if parity is None or parity.first_grad_cosine is None
@@ -328,7 +328,8 @@ def loss_curves(traced: list[Any]) -> list[tuple[str, dict[str, list[float]]]]:
     titled = []
     for (stack, regime, batch), curves in sorted(panels.items()):
         after = diverged.get((stack, regime, batch))
-        titled.append((f"{stack} · {regime} · B={batch}" + (f" · diverges after step {after}" if after else ""), curves))
+        title = f"{regime_label(stack, regime)} · B={batch}" + (f" · diverges after step {after}" if after else "")
+        titled.append((title, curves))
     return titled
 
 
@@ -464,14 +465,14 @@ def training_verdicts(traced: list[Any], published_max_gap: float | None) -> lis
     of that batch) or not, with the numbers; or why it cannot be said yet."""
     lines = []
     for row in training_rows(traced, published_max_gap):
-        where = f"{row['stack']} · {row['regime']} · B={row['batch']} · **{row['backend']}**"
+        where = f"{regime_label(row['stack'], row['regime'])} · B={row['batch']} · **{row['backend']}**"
         if "why" in row:
             lines.append(f"{where}: not compared ({row['why']}).")
             continue
         lines.append(_judged(row, where))
     for result in _vanilla_cells(traced).values():  # a reference that diverged is a finding of its own
         if (where := divergence(result)):
-            lines.append(f"{result.stack} · {result.regime} · B={result.batch_size} · **vanilla** (the reference) "
+            lines.append(f"{regime_label(result.stack, result.regime)} · B={result.batch_size} · **vanilla** (the reference) "
                          f"diverges: {where}.")
     return lines
 

@@ -129,7 +129,8 @@ def cards_table(rows: list[dict[str, Any]], stack: str, regime: str,
     order = list(frame.sort_values("usable_gib").drop_duplicates("card")["card (usable GiB)"])
     table = frame.pivot_table(index="card (usable GiB)", columns="backend", values="shown", aggfunc="first")
     backends = style.in_order(set(frame["backend"]))
-    return table.reindex(index=order, columns=backends).rename(columns=nowrap).rename_axis(columns=None).reset_index()
+    table = table.reindex(index=order, columns=backends).rename(columns=lambda b: nowrap(style.short(str(b))))
+    return table.rename_axis(columns=None).reset_index()  # a chunked backend's column is 'chunk 64': the table fits
 
 
 def misclassifying(rows: list[dict[str, Any]]) -> str:

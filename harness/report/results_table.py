@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from harness.report.data import GIB_PER_MIB, backend_label
-from harness.report.text import failed_request, missing, significant
+from harness.report.text import failed_request, missing, regime_words, significant
 
 TABLE_ID = "all-cells"
 
@@ -36,7 +36,8 @@ class Column:
 
 COLUMNS = [
     Column("stack", "stack", choose=True),
-    Column("regime", "regime", choose=True),
+    Column("regime", "regime_text", choose=True,
+           title="The training regime; ColQwen2's 'plain' (result files, cell ids) is its recipe, which checkpoints"),
     Column("batch", "batch_size", title="Training batch size (queries per step)"),
     Column("backend", "backend", choose=True, title="MaxSim backend: vanilla, lik, flash, or vanilla + chunk N"),
     Column("card", "card", choose=True, title="The card profile the cell was capped to; native: the whole device"),
@@ -90,6 +91,8 @@ def rows(cells: pd.DataFrame) -> pd.DataFrame:
         outcome_text=cells.apply(outcome_text, axis=1) if len(cells) else [],
         oom_request=[request_gib(m) for m in cells["oom_message"]],
         times_text=[TIMED if alone else NOT_TIMED for alone in _alone(cells)],
+        regime_text=[regime_words(str(stack), str(regime))
+                     for stack, regime in zip(cells["stack"], cells["regime"], strict=True)],
     ).sort_values(ORDER, na_position="first")
     shown = {}
     for column in COLUMNS:
