@@ -35,8 +35,8 @@ def test_the_ceiling_reading_says_which_backend_binds_first_from_where_the_next_
         "out of memory outside the op) — vanilla's score grid binds first: its next batch fails in the MaxSim op, while "
         "the others train more (lik 184: up to 1.05× vanilla's batch).",
         "On the 141 GB (whole H200) card: vanilla trains 304 (B=320 runs out of memory in the MaxSim op); lik trains "
-        "336 (B=352 runs out of memory outside the op); flash not run — vanilla's score grid binds first: its next "
-        "batch fails in the MaxSim op, while the others train more (lik 336: up to 1.11× vanilla's batch)."]
+        "336 (B=352 runs out of memory outside the op); flash's search has not run — vanilla's score grid binds first: "
+        "its next batch fails in the MaxSim op, while the others train more (lik 336: up to 1.11× vanilla's batch)."]
     same = [row("vanilla", "rtx4090-24gb", 48, 52, "elsewhere"), row("lik", "rtx4090-24gb", 48, 52, "elsewhere")]
     assert prose.ceiling_reach(same, "pylate", "plain")[0].endswith(
         "every backend stops at the same batch, outside the op: the score op is not what fills the card.")

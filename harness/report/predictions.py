@@ -253,7 +253,7 @@ def gathered_reading(rows: list[dict[str, Any]], card: str = "h100-80gb") -> str
     for row in rows:
         over = [world for world, mib in row["forward_mib"].items() if mib / 1024 > usable]
         if over:
-            parts.append(f"{row['stack']} {row['regime']} at a local batch of {row['batch']} from W = {over[0]}")
+            parts.append(f"{regime_label(row['stack'], row['regime'])} at a local batch of {row['batch']} from W = {over[0]}")
     text = (f"At W = 1 the formula gives every replay's forward peak within {worst:.1f} MiB. With documents gathered, "
             "one rank's vanilla grid grows in proportion to W (its queries and its encoder do not)")
     if parts:

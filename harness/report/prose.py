@@ -758,6 +758,8 @@ def ceiling_reach(searches: Sequence[SearchRow], stack: str, regime: str, alloca
             if row.settled is not None and row.fails is not None:
                 where = WHERE_FAILED.get(row.fails_where or "", "")
                 parts.append(f"{row.backend} trains {row.settled} (B={row.fails} runs out of memory {where})".replace(" )", ")"))
+            elif row.probes == 0:
+                parts.append(f"{row.backend}'s search has not run")
             else:
                 parts.append(f"{row.backend} {ceiling_text(row)}")
         text = f"On the {card_short(card)} card: " + "; ".join(parts)
