@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from harness.report import agreement
 from harness.results import Parity, write_result
@@ -20,7 +21,7 @@ def test_the_op_table_is_the_committed_records_worst_errors():
         table = agreement.op_parity_table(frame, library)
         assert sum(int(cell.split("\u00a0/\u00a0")[1]) for cell in table["within bound"]) == len(records)
         scores = max(e["max_rel_error"] for r in records for e in r["errors"] if e["quantity"].startswith("scores"))
-        assert f"{scores:.1e}" in set(table["scores"])
+        assert (f"{scores:.1e}" if math.isfinite(scores) else "not\u00a0finite") in set(table["scores"])
         verdict = agreement.op_verdict(frame, library, agreement.library_backends(library))
         assert ("every one within its bound" in verdict) == all(r["passed"] for r in records)
         assert ("not checked yet: " in verdict) == (not {"lik"} <= {r["variant"] for r in records})
@@ -128,7 +129,8 @@ def test_a_diverged_run_is_judged_before_it_diverged_and_measures_no_noise_floor
     assert judged[1] == ("pylate · grad-checkpoint · B=128 · **vanilla** (the reference) diverges: gradient not finite "
                          "from step 2, loss from step 3.")  # fmt: skip
     table = agreement.training_table([both_v, both_l], 0.0039)
-    assert [v.replace("\u00a0", " ") for v in table["loss, first → last"]] == ["0.7000 → 0.6900", "0.7000 → 0.6905"]
+    assert [v.replace("\u00a0", " ") for v in table["loss, first → last compared"]] == ["0.7000 → 0.6900 (step 2)",
+                                                                                     "0.7000 → 0.6905 (step 2)"]
     assert list(table["final ‖Δθ‖/‖θ‖"]) == ["", "—"]
     assert [v.replace("\u00a0", " ") for v in table["verdict"]] == ["the reference (diverges after step 2)",
                                                                      "same model (diverges after step 2)"]
@@ -173,3 +175,12 @@ def test_fused_backends_fail_on_pylates_masks_because_they_read_them_otherwise()
     assert "fails it on padded, pylate-train" in flash and "a length of 0" in flash
     lik = next(line for line in lines if line.startswith("**lik**"))
     assert "fails it on padded." in lik and "pylate-train" in lik.split("fails")[0]
+
+
+def test_an_error_outside_its_bound_always_reads_as_outside():
+    """parity.md's op tables: '1.01× its bound' must not print as '1.0', nor a non-finite error as 'inf'."""
+    assert agreement.of_bound(0.56) == "0.56"
+    assert agreement.of_bound(1.0) == "1.0"  # at its bound: within it
+    assert agreement.of_bound(1.01) == "1.01 (out)" and agreement.of_bound(1.004) == "1.004 (out)"
+    assert agreement.of_bound(26.7) == "27 (out)"
+    assert agreement.of_bound(float("inf")) == "not finite (out)"

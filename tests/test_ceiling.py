@@ -215,7 +215,7 @@ def test_a_search_runs_its_probes_lazily_and_resumes_from_its_results(tmp_path, 
     probes = data.ceiling_probes(layout.results_dir)
     assert prose.probe_headline(probes, "pylate", "grad-checkpoint", 704, "vanilla", "h100-80gb") == (
         "runs out of memory in the MaxSim op after 1 of 8 steps "
-        "(Tried to allocate 2.00 GiB; 68.75 GiB allocated, 75.62 GiB reserved)")
+        "(Tried to allocate 2.00 GiB; 68.75 GiB allocated, 75.62 GiB reserved at the peak before it)")
     assert prose.probe_headline(probes, "pylate", "grad-checkpoint", 672, "vanilla", "h100-80gb") == (
         "trains all 8 steps for each of the 2 seeds run (peak 65.62 GiB allocated, 72.19 GiB reserved)")
     assert prose.probe_headline(probes, "pylate", "plain", 672, "vanilla", "h100-80gb") == "not probed yet"
@@ -418,7 +418,7 @@ def test_the_allocator_reading_sets_each_ceiling_beside_its_fragmentation(tmp_pa
         "seed 43 trains all 8 steps (peak 65.62 GiB allocated, 72.19 GiB reserved)"]
     assert prose.probe_seeds(probes, "pylate", "grad-checkpoint", 704, "vanilla", "h100-80gb") == [
         "seed 42 runs out of memory in the MaxSim op after 1 of 8 steps "
-        "(Tried to allocate 2.00 GiB; 68.75 GiB allocated, 75.62 GiB reserved)"]
+        "(Tried to allocate 2.00 GiB; 68.75 GiB allocated, 75.62 GiB reserved at the peak before it)"]
 
 
 def test_the_gains_over_vanilla_are_stated_only_for_finished_searches(tmp_path, layout, monkeypatch):
@@ -458,7 +458,8 @@ def test_each_seed_of_a_probed_batch_is_read_out(layout, monkeypatch):
     assert prose.seed_reading(probes, "pylate", "grad-checkpoint", 672, "vanilla", "h100-80gb") == (
         "The ceiling search ran B=672 for 8 steps, with 2 seeds (each seed draws other data and lengths): "
         "seed 42 trains all 8 steps (peak 65.62 GiB allocated, 72.19 GiB reserved); seed 43 runs out of memory in the "
-        "MaxSim op after 1 of 8 steps (Tried to allocate 2.00 GiB; 65.62 GiB allocated, 72.19 GiB reserved). "
+        "MaxSim op after 1 of 8 steps (Tried to allocate 2.00 GiB; 65.62 GiB allocated, 72.19 GiB reserved at the peak "
+        "before it). "
         "Same batch, card and backend: whether it trains is decided by the draw.")
     assert prose.seed_reading(probes, "pylate", "grad-checkpoint", 640, "vanilla", "h100-80gb").endswith("reserved).")
     assert prose.seed_reading(probes, "pylate", "grad-checkpoint", 999, "vanilla", "h100-80gb") == ""

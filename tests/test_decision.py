@@ -58,7 +58,11 @@ def test_a_recommendation_names_only_cards_whose_searches_have_settled():
     text = decision.advice(unsearched, pd.DataFrame(), "pylate", "grad-checkpoint")
     assert text.startswith("On 24 GB and 80 GB, where the searches have settled, lik trains the largest batch: "
                            "352 against 224 on 24 GB (1.57×); 1280 against 640 on 80 GB (2.00×); flash trains the same "
-                           "batch as lik on 24 GB, where its search has settled, and has not settled on 80 GB.")  # fmt: skip
+                           "batch as lik on 24 GB, where its search has settled; on 80 GB its search has not run.")  # fmt: skip
+    # a search not run is said to be not run, one under way to be searching, with its range
+    running = [*unsearched[:-1], row("flash", "h100-80gb", 1216, 1280, done=False)]
+    assert ("flash trains the same batch as lik on 24 GB, where its search has settled; on 80 GB it is still searching "
+            "(1216–1279).") in decision.advice(running, pd.DataFrame(), "pylate", "grad-checkpoint")  # fmt: skip
     # one that lost on a card it was searched on is not said to match
     lost = [*unsearched[:-1], row("flash", "h100-80gb", 1216, 1280)]
     assert "flash trains the same" not in decision.advice(lost, pd.DataFrame(), "pylate", "grad-checkpoint")

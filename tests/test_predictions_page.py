@@ -5,14 +5,15 @@ from __future__ import annotations
 import pandas as pd
 
 from harness import memmodel
-from harness.report import data, predictions
+from harness.report import data, predictions, style
+from harness.report.text import regime_label
 
 
 def test_the_validation_table_shows_every_search_with_probes_and_its_verdict():
     document = predictions.validation()
     table = pd.concat(predictions.validation_tables(document).values(), ignore_index=True)
     probed = [row for row in document["validation"] if row["state"] != "not run" and row["allocator"] == "default"]
-    probed.sort(key=lambda row: list(predictions.validation_tables(document)).index(f"{row['stack']} · {row['regime']}"))
+    probed.sort(key=lambda row: list(predictions.validation_tables(document)).index(regime_label(row['stack'], row['regime'])))
     assert len(table) == len(probed)
     missed = [row for row in probed if row["within_goal"] is False]
     assert (table["verdict"].str.startswith("misses")).sum() == len(missed)
@@ -42,7 +43,7 @@ def test_the_cards_table_is_the_models_prediction_marked_where_its_margin_is_rou
         mine = [row for row in rows if (row["stack"], row["regime"]) == (stack, regime)]
         assert len(table) == len({row["card"] for row in mine})
         for row in mine:
-            column = row["backend"].replace(" ", "\u00a0")
+            column = style.short(row["backend"]).replace(" ", "\u00a0")
             shown = [value for value in table[column] if value.rstrip("*") == str(row["predicted_largest_batch"])]
             assert shown and all(value.endswith("*") == bool(row["margin_misclassifies"]) for value in shown)
 

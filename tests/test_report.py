@@ -182,7 +182,8 @@ def test_ceiling_searches_are_read_from_their_probes_as_typed_rows(tmp_path):
         "trains all 8 steps for each of the 2 seeds run (peak 7.81 GiB allocated, 8.59 GiB reserved)")
     assert prose.seed_reading(probes, "pylate", "grad-checkpoint", 12, "vanilla", "rtx4090-24gb").startswith(
         "The ceiling search ran B=12 for 8 steps, with 1 seed (each seed draws other data and lengths): seed 42 runs out of "
-        "memory in the MaxSim op after 1 of 8 steps (Tried to allocate 3.52 GiB; 11.72 GiB allocated, 15.23 GiB reserved)")
+        "memory in the MaxSim op after 1 of 8 steps (Tried to allocate 3.52 GiB; 11.72 GiB allocated, 15.23 GiB reserved "
+        "at the peak before it)")
 
 
 def test_the_shared_gpu_check_sets_each_probe_beside_its_run_alone(tmp_path):
@@ -204,8 +205,8 @@ def test_the_shared_gpu_check_sets_each_probe_beside_its_run_alone(tmp_path):
     assert check.loc[same, "GiB given on the shared GPU"] == "24.96"
     assert check.loc[same, "steps compared"] == 2
     assert prose.sharing_reading(checks) == (
-        "2 probes of one search (colpali · plain, vanilla, the whole H200, default allocator) run again on a shared "
-        "GPU, beside other probes, gave the same outcome and peaks for only 1 of them, "
+        "2 probes of one search (colpali · recipe (grad-checkpointed), vanilla, the whole H200, default allocator) run "
+        "again on a shared GPU, beside other probes, gave the same outcome and peaks for only 1 of them, "
         "as on a GPU they had alone. Their steady step times were 2.0× to 3.0× those they had alone, depending on "
         "what ran beside them.")  # fmt: skip
     assert prose.sharing_reading(data.shared_checks(tmp_path / "nothing")) == "No shared-GPU check has been committed yet."
@@ -385,15 +386,13 @@ def test_an_oom_cell_is_marked_in_the_fragmentation_table_and_card_headings_say_
 
 def test_what_fails_first_and_why_is_read_from_the_results(tmp_path):
     cells, _ = data.load(fixture_results(tmp_path / "results"))
-    assert prose.first_failures(cells) == [
-        "On the 80 GB card: vanilla first runs out of memory at B=1024 in the MaxSim op; lik trains every batch run "
-        "(up to 1024) — vanilla's score grid binds first: it fails in the op at a batch that lik trains."]
     assert prose.peaks_compared(cells, "pylate", "grad-checkpoint", 512, ["vanilla", "lik"]) == (
         "lik's step peak allocated is 22.50 GiB below vanilla's")
     small = pd.Series({"oom_message": HELD_OOM.format(request="1.79 GiB")})
-    assert prose.oom_cause(small).startswith("the 1.79 GiB request failed while 24.61 GiB sat reserved but unallocated")
+    assert prose.oom_cause(small).startswith("the 1.79 GiB request failed with more than that free in reserved blocks — "
+                                             "its error message, written when the request failed, counts ")
     large = pd.Series({"oom_message": HELD_OOM.format(request="30.00 GiB")})
-    assert prose.oom_cause(large).startswith("the 30.00 GiB request was larger than the 24.61 GiB reserved but unallocated")
+    assert prose.oom_cause(large).startswith("the 30.00 GiB request was larger than all the reserved memory free")
     assert prose.oom_cause(pd.Series({"oom_message": OOM})) == ""  # the message does not say: no cause claimed
 
 

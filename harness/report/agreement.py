@@ -23,7 +23,7 @@ from harness.grid import ROOT
 from harness.report import style
 from harness.report.data import PARITY as PARITY_GRID
 from harness.report.data import Results, backend_label, results_of
-from harness.report.text import nowrap, sig
+from harness.report.text import nowrap, regime_label, sig
 from harness.results import OTHER_RECORDS, default_results_dir
 from harness.spec import BACKENDS
 
@@ -83,7 +83,7 @@ def op_parity_table(frame: pd.DataFrame, library: str) -> pd.DataFrame:
         rows.append({
             "head": nowrap(str(head)), "backend": nowrap(str(backend)), "dtype": dtype, "device": device,
             "scores": nowrap(_error(group["scores_rel"])), "loss": nowrap(_error(group["loss_rel"])),
-            "gradients": nowrap(_error(group["grad_rel"])), "worst / bound": sig(group["of_bound"].max(), 2),
+            "gradients": nowrap(_error(group["grad_rel"])), "worst / bound": nowrap(of_bound(group["of_bound"].max())),
             "within bound": nowrap(f"{int(group['passed'].sum())} / {len(group)}"),
         })  # fmt: skip
     return pd.DataFrame(rows)
@@ -91,7 +91,24 @@ def op_parity_table(frame: pd.DataFrame, library: str) -> pd.DataFrame:
 
 def _error(values: pd.Series) -> str:
     present = values.dropna()
-    return "—" if present.empty else f"{present.max():.1e}"
+    if present.empty:
+        return "—"
+    return "not finite" if not math.isfinite(present.max()) else f"{present.max():.1e}"
+
+
+def of_bound(value: float) -> str:
+    """The worst error as a fraction of its bound, so that a failure always reads as one: '0.56', '1.01 (out)'
+    — never '1.0' for an error just outside its bound — and 'not finite (out)' rather than 'inf'."""
+    if pd.isna(value):
+        return "—"
+    if not math.isfinite(value):
+        return "not finite (out)"
+    if value <= 1:
+        return sig(value, 2)
+    shown = sig(value, 2)
+    if float(shown) <= 1:  # 1.004 would round to '1.0': show the digits that put it outside
+        shown = f"{value:.3f}" if f"{value:.2f}" == "1.00" else f"{value:.2f}"
+    return f"{shown} (out)"
 
 
 def op_verdict(frame: pd.DataFrame, library: str, library_backends: tuple[str, ...]) -> str:
@@ -115,8 +132,13 @@ def op_verdict(frame: pd.DataFrame, library: str, library_backends: tuple[str, .
             backend, dtype, device = (str(key) for key in keys)
             heads, cases = ", ".join(dict.fromkeys(group["head"])), ", ".join(dict.fromkeys(group["case"]))
             low, high = group["of_bound"].min(), group["of_bound"].max()
-            far = f"{sig(low, 3)}×" if sig(low, 3) == sig(high, 3) else f"{sig(low, 3)}–{sig(high, 3)}×"
-            groups.append(f"{backend} {dtype} on {device} ({heads}; {cases}: {far} its bound)")
+            if not math.isfinite(high):  # a non-finite error (a NaN or inf output) is no multiple of the bound
+                finite = group["of_bound"][group["of_bound"].map(math.isfinite)]
+                far = ("errors not finite" if finite.empty else
+                       f"up to {sig(finite.max(), 3)}× its bound, and errors not finite")  # fmt: skip
+            else:
+                far = (f"{sig(low, 3)}×" if sig(low, 3) == sig(high, 3) else f"{sig(low, 3)}–{sig(high, 3)}×") + " its bound"
+            groups.append(f"{backend} {dtype} on {device} ({heads}; {cases}: {far})")
         text += f". Outside it: {'; '.join(groups)}"
         if set(failed["backend"]) == {"vanilla"}:
             text += (". Only the reference implementation itself exceeds it there, so those cases question the bound, "
@@ -261,10 +283,12 @@ def training_table(traced: list[Any], published_max_gap: float | None = None) ->
                        else "not the same" if row.get("floor") is not None else "")  # fmt: skip
             finite = finite_steps(result)
             last = "—" if not finite else f"{losses[finite - 1]:.4f}"  # the last loss before it diverged
+            if finite and finite < len(losses):  # the loss after it is another reading (finite_loss_after_divergence)
+                last += f" (step {finite})"
             weights = None if parity is None else parity.final_weight_rel_diff
             rows.append({
-                "stack · regime": f"{stack} · {regime}", "batch": batch, "backend": nowrap(style.short(backend)),
-                "loss, first → last": "—" if not losses else nowrap(f"{losses[0]:.4f} → {last}"),
+                "stack · regime": regime_label(stack, regime), "batch": batch, "backend": nowrap(style.short(backend)),
+                "loss, first → last compared": "—" if not losses else nowrap(f"{losses[0]:.4f} → {last}"),
                 "|Δloss| max / mean": nowrap(f"{row['max_gap']:.4f} / {row['mean_gap']:.4f}") if "max_gap" in row else "",
                 "step-1 grad. cosine": "" if parity is None or parity.first_grad_cosine is None
                 else f"{parity.first_grad_cosine:.6f}",
@@ -304,7 +328,8 @@ def loss_curves(traced: list[Any]) -> list[tuple[str, dict[str, list[float]]]]:
     titled = []
     for (stack, regime, batch), curves in sorted(panels.items()):
         after = diverged.get((stack, regime, batch))
-        titled.append((f"{stack} · {regime} · B={batch}" + (f" · diverges after step {after}" if after else ""), curves))
+        title = f"{regime_label(stack, regime)} · B={batch}" + (f" · diverges after step {after}" if after else "")
+        titled.append((title, curves))
     return titled
 
 
@@ -440,14 +465,14 @@ def training_verdicts(traced: list[Any], published_max_gap: float | None) -> lis
     of that batch) or not, with the numbers; or why it cannot be said yet."""
     lines = []
     for row in training_rows(traced, published_max_gap):
-        where = f"{row['stack']} · {row['regime']} · B={row['batch']} · **{row['backend']}**"
+        where = f"{regime_label(row['stack'], row['regime'])} · B={row['batch']} · **{row['backend']}**"
         if "why" in row:
             lines.append(f"{where}: not compared ({row['why']}).")
             continue
         lines.append(_judged(row, where))
     for result in _vanilla_cells(traced).values():  # a reference that diverged is a finding of its own
         if (where := divergence(result)):
-            lines.append(f"{result.stack} · {result.regime} · B={result.batch_size} · **vanilla** (the reference) "
+            lines.append(f"{regime_label(result.stack, result.regime)} · B={result.batch_size} · **vanilla** (the reference) "
                          f"diverges: {where}.")
     return lines
 

@@ -476,6 +476,9 @@ def check_memory(claim: Claim, evidence: Evidence) -> Verdict:
     status, reason = compare_memory(to_mib(claim.value, claim.unit), ours, tolerance, floor, claim.if_differs)
     words = memory_words(ours, claim.unit, max(3, digits_of(claim.published)))
     tokens = op_tokens(evidence.calls, cell) if claim.quantity.startswith("op_") else ""
+    if claim.quantity == "oom_unallocated":  # a message figure is of the moment its request failed, not of the peak
+        reason += (f"{'; ' if reason else ''}ours is our grid cell's error message, written when its request failed "
+                   f"({failed_request(cell['oom_message'])}), not the peak's reserved − allocated")  # fmt: skip
     return Verdict(status, f"{words} ({tokens} tokens)" if tokens else words, reason)
 
 

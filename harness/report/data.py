@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -25,11 +26,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.grid import ROOT, grid_names
+from harness.grid import ROOT, GridError, grid_names, load_grid
 from harness.report import timing
 from harness.results import CellResult, Skipped, default_results_dir, frame_of, read_results
 from harness.search import Ceiling, CeilingSearch, Probes, load_searches, search_state
-from harness.spec import CARDS
+from harness.spec import CARDS, TrainSpec
 
 PUBLISHED_GRID = "published"  # grids/published.yaml
 REPEAT = "repeat"  # grids/repeat.yaml: published-grid cells run again, for the repeatability of step times
@@ -130,6 +131,36 @@ def load(source: Source = None,
     if not calls.empty:
         calls = calls[calls["call_kind"] == "isolated"]
     return cells, calls
+
+
+@functools.cache
+def _cell_specs(grid: str) -> dict[str, TrainSpec]:
+    """The training cells' specs of a cell grid by cell id; empty for a grid that is not a cell grid (the
+    ceiling searches) or that cannot be read."""
+    path = grid_names().get(grid)
+    if path is None:
+        return {}
+    try:
+        cells = load_grid(path)
+    except GridError:
+        return {}
+    return {cell.cell_id: cell.spec for cell in cells if isinstance(cell.spec, TrainSpec)}
+
+
+def grid_spec(row: pd.Series) -> TrainSpec | None:
+    """A result row's spec as its grid file states it (None where the grid does not list the cell)."""
+    return _cell_specs(str(row.get("grid", ""))).get(str(row.get("cell_id", "")))
+
+
+def least_steps(row: pd.Series) -> int:
+    """The least steps a cell was to train, from its grid's spec: ``steps``, or — for a timed cell
+    (``min_steady_steps``) — the warm-up and every steady step it trains past ``steps`` for. The
+    result's own ``steps`` field is the spec's ``steps`` alone, so a timed grid cell with ``steps: 4``
+    trains at least 9 (1 warm-up + 8 steady), not 4."""
+    spec = grid_spec(row)
+    if spec is None:
+        return int(row["steps"])
+    return max(spec.steps, spec.warmup_steps + spec.min_steady_steps)
 
 
 def all_cells(source: Source = None) -> pd.DataFrame:

@@ -177,8 +177,8 @@ def _decided_cards(rows: Sequence[SearchRow]) -> list[str]:
 def _matching_where_settled(rows: Sequence[SearchRow], decided: Sequence[str], winners_per_card: dict[str, list[str]],
                             everywhere: Sequence[str]) -> list[tuple[str, list[str], list[str]]]:  # fmt: skip
     """Fused backends that train the winners' batch on every decided card where their own search has
-    settled, but lack a settled search on some decided card: (backend, cards settled, cards not), so
-    the sentence does not read as if they lost there."""
+    settled, but lack a settled search on some decided card: (backend, cards settled in words, the cards
+    not settled), so the sentence does not read as if they lost there."""
     if not everywhere or "vanilla" in everywhere:
         return []
     found = []
@@ -187,8 +187,25 @@ def _matching_where_settled(rows: Sequence[SearchRow], decided: Sequence[str], w
                  if any(row.card == card and row.backend == backend and row.settled is not None for row in rows)]  # fmt: skip
         missing = [card for card in decided if card not in where]
         if where and missing and all(backend in winners_per_card[card] for card in where):
-            found.append((backend, [card_short(card) for card in where], [card_short(card) for card in missing]))
+            found.append((backend, [card_short(card) for card in where], missing))
     return found
+
+
+def unsettled_words(rows: Sequence[SearchRow], backend: str, cards: Sequence[str]) -> str:
+    """Where one backend's search has not settled, by its state: 'on 141 GB (whole H200) its search has not
+    run', 'on 80 GB it is still searching (2304–2431)', 'on 40 GB it stopped (…)' — never 'not settled'
+    for a search that has not started."""
+    states: dict[str, list[str]] = {}
+    for card in cards:
+        row = next((r for r in rows if r.card == card and r.backend == backend), None)
+        if row is None or row.probes == 0:
+            state = "its search has not run"
+        elif row.stopped:
+            state = f"its search {ceiling_text(row)}"
+        else:
+            state = f"it is still searching ({ceiling_text(row).removesuffix(' (searching)')})"
+        states.setdefault(state, []).append(card_short(card))
+    return "; ".join(f"on {_names(names)} {state}" for state, names in states.items())
 
 
 def _names(items: Sequence[str]) -> str:
@@ -238,7 +255,7 @@ def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regim
                  f"({_names(batches)})")  # fmt: skip
     for backend, where, missing in _matching_where_settled(rows, decided, winners_per_card, everywhere):
         text += (f"; {backend} trains the same batch as {_names(everywhere)} on {_names(where)}, "
-                 f"where its search has settled, and has not settled on {_names(missing)}")  # fmt: skip
+                 f"where its search has settled; {unsettled_words(rows, backend, missing)}")  # fmt: skip
     found = timed_batch(cells, stack, regime)
     if found is not None and everywhere and "vanilla" not in everywhere:
         speeds = [f"{backend} {timing.ratio_words(found.against_vanilla[backend])}"

@@ -23,7 +23,7 @@ from matplotlib.ticker import MaxNLocator
 from harness.grid import GridCell, load_grid
 from harness.report import style
 from harness.report.data import GIB_PER_MIB, LONG_RUN, Results, SearchRow, backend_label, find_search
-from harness.report.text import card_short
+from harness.report.text import card_short, signed
 from harness.results import CellResult, Progress, load_progress
 from harness.spec import TrainSpec
 
@@ -164,7 +164,7 @@ def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.Data
         rows.append(row | {
             "steps": f"{run.steps_trained} of {spec.steps}", "outcome": outcome,
             "peak reserved (GiB)": "" if not reserved else f"{max(reserved) * GIB_PER_MIB:.2f}",
-            after: "" if grew is None or frag_grew is None else f"{grew:+.0f} / {frag_grew:+.0f}",
+            after: "" if grew is None or frag_grew is None else f"{signed(grew, '+.0f')} / {signed(frag_grew, '+.0f')}",
         })  # fmt: skip
     return pd.DataFrame(rows)
 

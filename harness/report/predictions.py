@@ -5,6 +5,7 @@ and computed sentences. Every figure here is labelled predicted; torch-free like
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pandas as pd
 
 from harness.memmodel import OTHER_CARDS, VALIDATION, MemoryModel, ModelError, fit
 from harness.report import data, style
-from harness.report.text import nowrap, percent
+from harness.report.text import ceiling_text, nowrap, percent, regime_label
 from harness.spec import CARDS
 
 
@@ -31,7 +32,7 @@ def validation(path: Path = VALIDATION) -> dict[str, Any]:
 
 
 def _search(row: dict[str, Any]) -> str:
-    return f"{row['stack']} · {row['regime']} · {row['backend']}"
+    return f"{regime_label(row['stack'], row['regime'])} · {row['backend']}"
 
 
 def _card(name: str) -> str:
@@ -61,7 +62,7 @@ def validation_tables(document: dict[str, Any], allocator: str = "default") -> d
             verdict = "" if row["predicted_ceiling"] is None else _inside(row)
         else:
             verdict = "within goal" if row["within_goal"] else f"misses: {row['wrong_term']}"
-        tables.setdefault(f"{row['stack']} · {row['regime']}", []).append({
+        tables.setdefault(regime_label(row['stack'], row['regime']), []).append({
             "backend": nowrap(style.short(row["backend"])), "card": nowrap(_card(row["card"])),
             "measured": nowrap(measured).replace("–", "–\u2060"), "resolution": row["resolution"], "predicted": predicted,
             "error": "" if row["error_fraction"] is None else percent(100 * row["error_fraction"], "+.0f"),
@@ -104,20 +105,32 @@ def recipes(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return list(dict.fromkeys((row["stack"], row["regime"]) for row in rows))
 
 
-def cards_table(rows: list[dict[str, Any]], stack: str, regime: str) -> pd.DataFrame:
+def cards_table(rows: list[dict[str, Any]], stack: str, regime: str,
+                searches: Sequence[data.SearchRow] = ()) -> pd.DataFrame:  # fmt: skip
     """Card (rows, by usable memory) × backend (columns): the predicted largest batch per device of one
-    recipe, marked ``*`` where the backend's margin misclassifies committed cells."""
+    recipe, marked ``*`` where the backend's margin misclassifies committed cells. Where ``searches``
+    has a default-allocator search of that card and backend that ran, its measured ceiling goes beside
+    the prediction, on a line below ('271*', 'measured 224'), so a card we measured never shows a prediction alone."""
     mine = [row for row in rows if (row["stack"], row["regime"]) == (stack, regime)]
     if not mine:
         return pd.DataFrame()
     frame = pd.DataFrame(mine)
-    frame["shown"] = frame.apply(
-        lambda r: f"{r['predicted_largest_batch']}{'*' if r['margin_misclassifies'] else ''}", axis=1)
+
+    def shown(r: pd.Series) -> str:
+        text = f"{r['predicted_largest_batch']}{'*' if r['margin_misclassifies'] else ''}"
+        found = data.find_search(searches, stack, regime, str(r["backend"]), str(r["card"]))
+        if found is not None and found.probes > 0:
+            measured = ceiling_text(found).replace(" (searching)", ", searching")
+            return f"{nowrap(text)}<br><i>measured {nowrap(measured)}</i>"
+        return nowrap(text)
+
+    frame["shown"] = frame.apply(shown, axis=1)
     frame["card (usable GiB)"] = frame.apply(lambda r: nowrap(f"{_card(r['card'])} ({r['usable_gib']:.1f})"), axis=1)
     order = list(frame.sort_values("usable_gib").drop_duplicates("card")["card (usable GiB)"])
     table = frame.pivot_table(index="card (usable GiB)", columns="backend", values="shown", aggfunc="first")
     backends = style.in_order(set(frame["backend"]))
-    return table.reindex(index=order, columns=backends).rename(columns=nowrap).rename_axis(columns=None).reset_index()
+    table = table.reindex(index=order, columns=backends).rename(columns=lambda b: nowrap(style.short(str(b))))
+    return table.rename_axis(columns=None).reset_index()  # a chunked backend's column is 'chunk 64': the table fits
 
 
 def misclassifying(rows: list[dict[str, Any]]) -> str:
@@ -126,7 +139,7 @@ def misclassifying(rows: list[dict[str, Any]]) -> str:
                     for r in rows if r["margin_misclassifies"]})  # fmt: skip
     if not wrong:
         return ""
-    named = "; ".join(f"{stack} · {regime} · {backend}: {count} committed cell{'s' if count > 1 else ''}"
+    named = "; ".join(f"{regime_label(stack, regime)} · {backend}: {count} committed cell{'s' if count > 1 else ''}"
                       for stack, regime, backend, count in wrong)  # fmt: skip
     return (f"`*`: the backend's margin, fitted on every card, still puts committed cells on the wrong side of their "
             f"outcome ({named}); read those entries as rough.")  # fmt: skip
@@ -172,10 +185,12 @@ def length_coverage(source: data.Source = None) -> str:
         return f"{min(values)}" if len(values) == 1 else f"{min(values)}–{max(values)}"
 
     parts = [f"{stack}: queries of {span(q)} tokens, documents of {span(d)}" for stack, (q, d) in sorted(spans.items())]
-    narrow = [stack for stack, (_, d) in sorted(spans.items()) if (max(d) - min(d)) / max(d) < NARROW_LENGTHS]
+    spreads = {stack: (max(d) - min(d)) / max(d) for stack, (_, d) in sorted(spans.items())}
+    narrow = [f"{stack}: {span(spans[stack][1])} tokens, a spread of {spread:.1%}"
+              for stack, spread in spreads.items() if spread < NARROW_LENGTHS]  # fmt: skip
     text = "The committed training steps saw " + "; ".join(parts) + "."
     if narrow:
-        text += (f" Document lengths vary by less than {NARROW_LENGTHS:.0%} there ({', '.join(narrow)}), so the fit "
+        text += (f" Document lengths vary by less than {NARROW_LENGTHS:.0%} there ({'; '.join(narrow)}), so the fit "
                  "cannot tell a document token from a query token or from a cost per sample: a prediction for other "
                  "lengths extrapolates with one coefficient per token.")  # fmt: skip
     return text
@@ -238,7 +253,7 @@ def gathered_reading(rows: list[dict[str, Any]], card: str = "h100-80gb") -> str
     for row in rows:
         over = [world for world, mib in row["forward_mib"].items() if mib / 1024 > usable]
         if over:
-            parts.append(f"{row['stack']} {row['regime']} at a local batch of {row['batch']} from W = {over[0]}")
+            parts.append(f"{regime_label(row['stack'], row['regime'])} at a local batch of {row['batch']} from W = {over[0]}")
     text = (f"At W = 1 the formula gives every replay's forward peak within {worst:.1f} MiB. With documents gathered, "
             "one rank's vanilla grid grows in proportion to W (its queries and its encoder do not)")
     if parts:

@@ -14,7 +14,9 @@ from harness.report.data import (
     backend_label,
     find_search,
     finished,
+    grid_spec,
     group_by,
+    least_steps,
     matching,
     probes_of,
     published_op,
@@ -31,6 +33,7 @@ from harness.report.text import (
     missing,
     oom_held_mib,
     percent,
+    regime_label,
     requested_mib,
 )
 from harness.results import CellResult, Skipped
@@ -54,9 +57,11 @@ def headline(cells: pd.DataFrame, stack: str, regime: str, batch: int, backend: 
 
 def _oom_words(row: pd.Series) -> str:
     where = "in the MaxSim op" if row["oom_where"] == "maxsim" else "outside the op"
-    return (f"runs out of memory {where} after {row['n_steps_done']} of {row['steps']} steps "
+    least = least_steps(row)
+    planned = f"{least}" if least == row["steps"] else f"at least {least}"  # a timed cell trains past `steps`
+    return (f"runs out of memory {where} after {row['n_steps_done']} of {planned} steps "
             f"({failed_request(row['oom_message'])}; {row['pre_oom_alloc_mib'] * GIB_PER_MIB:.2f} GiB allocated, "
-            f"{row['pre_oom_reserved_mib'] * GIB_PER_MIB:.2f} GiB reserved)")  # fmt: skip
+            f"{row['pre_oom_reserved_mib'] * GIB_PER_MIB:.2f} GiB reserved at the peak before it)")  # fmt: skip
 
 
 def _ok_words(steps: int, alloc_mib: float, reserved_mib: float, seeds: str = "") -> str:
@@ -130,7 +135,7 @@ def binding_reading(searches: Sequence[SearchRow], allocator: str = "default") -
         for row in group:
             where = {"maxsim": "fails in the MaxSim op", "elsewhere": "fails outside the op"}.get(row.fails_where or "", "")
             parts.append(f"{row.backend} {ceiling_text(row)}" + (f" (the next batch {where})" if where else ""))
-        text = f"{stack} · {regime} on {card_label(str(card))}: " + "; ".join(parts)
+        text = f"{regime_label(str(stack), str(regime))} on {card_label(str(card))}: " + "; ".join(parts)
         vanilla = [row for row in group if row.backend == "vanilla"]
         fused = [row for row in group if row.backend in ("lik", "flash")]
         if vanilla and fused:
@@ -149,8 +154,8 @@ def allocator_reading(searches: Sequence[SearchRow]) -> list[str]:
         if not {"default", "expandable"} <= rows.keys():
             continue
         default, expandable = rows["default"], rows["expandable"]
-        text = (f"{stack} · {regime}, {backend} on {card_label(str(card))}: {ceiling_text(default)} with the default "
-                f"allocator, {ceiling_text(expandable)} with expandable segments")  # fmt: skip
+        text = (f"{regime_label(str(stack), str(regime))}, {backend} on {card_label(str(card))}: {ceiling_text(default)} "
+                f"with the default allocator, {ceiling_text(expandable)} with expandable segments")  # fmt: skip
         if default.fragmentation_gib is not None and expandable.fragmentation_gib is not None:
             where = "the ceiling" if default.done and expandable.done else "the largest batch trained so far"
             text += (f" (reserved − allocated at {where}: {default.fragmentation_gib:.2f} → "
@@ -230,7 +235,7 @@ def _search_key(check: SharedCheck) -> tuple[str, str, str, str, str]:
 def _search_words(check: SharedCheck) -> str:
     stack, regime, backend, card, allocator = _search_key(check)
     where = "the whole H200" if CARDS.get(card) and CARDS[card].usable_gib is None else f"the {card_short(card)} card"
-    return f"one search ({stack} · {regime}, {backend}, {where}, {allocator} allocator)"
+    return f"one search ({regime_label(stack, regime)}, {backend}, {where}, {allocator} allocator)"
 
 
 def sharing_coverage(checks: Sequence[SharedCheck], probes: pd.DataFrame) -> str:
@@ -246,12 +251,12 @@ def sharing_coverage(checks: Sequence[SharedCheck], probes: pd.DataFrame) -> str
     if other.empty:
         return "Every probe run on a shared GPU belongs to a search the check covers."
     sizes = other.groupby(["stack", "regime", "backend"]).size()
-    counts = ", ".join(f"{' · '.join(map(str, key[:2]))} {key[2]} ({count})"
+    counts = ", ".join(f"{regime_label(str(key[0]), str(key[1]))} {key[2]} ({count})"
                        for key, count in zip(sizes.index.tolist(), sizes.tolist(), strict=True))  # fmt: skip
     share = f"All {len(shared)}" if len(other) == len(shared) else f"{len(other)} of the {len(shared)}"
     return (f"The check covers that search only. {share} ceiling-search probes run on a shared GPU belong to other "
             f"searches — {counts} — and no committed result sets any of them beside the same probe run alone: for "
-            "them, that sharing changed nothing is not measured.")  # fmt: skip
+            "them, whether sharing the GPU changed anything is not measured.")  # fmt: skip
 
 
 def shared_probe_count(probes: pd.DataFrame) -> str:
@@ -349,12 +354,15 @@ def oom_cause(row: pd.Series) -> str:
     request, held = requested_mib(row["oom_message"]), oom_held_mib(row["oom_message"])
     if request is None or held is None:
         return ""
-    unallocated = held[1] * GIB_PER_MIB
+    allocated, unallocated = held[0] * GIB_PER_MIB, held[1] * GIB_PER_MIB
+    moment = (f"its error message, written when the request failed, counts {allocated:.2f} GiB allocated and "
+              f"{unallocated:.2f} GiB reserved but unallocated ({allocated + unallocated:.2f} GiB reserved; not the "
+              "peak, which came before)")  # fmt: skip
     if request <= held[1]:
-        return (f"the {request * GIB_PER_MIB:.2f} GiB request failed while {unallocated:.2f} GiB sat reserved but "
-                "unallocated: no free block was large enough (fragmentation), though the memory was there")  # fmt: skip
-    return (f"the {request * GIB_PER_MIB:.2f} GiB request was larger than the {unallocated:.2f} GiB reserved but "
-            "unallocated, and the cap let no more be reserved")  # fmt: skip
+        return (f"the {request * GIB_PER_MIB:.2f} GiB request failed with more than that free in reserved blocks — "
+                f"{moment}: no free block was large enough (fragmentation), though the memory was there")  # fmt: skip
+    return (f"the {request * GIB_PER_MIB:.2f} GiB request was larger than all the reserved memory free — {moment} — "
+            "and the cap let no more be reserved")  # fmt: skip
 
 
 # ---- a grid cell beside the ceiling probes of its batch ------------------------------------------
@@ -404,6 +412,26 @@ def grid_and_probes(cells: pd.DataFrame, probes: pd.DataFrame, stack: str, regim
 
 
 # ---- how far a batch goes on one card ------------------------------------------------------------
+
+
+def grid_steps(cells: pd.DataFrame) -> str:
+    """How long the grid cells of ``cells`` trained, from their grid specs and results: 'one seed each,
+    trained until 8 steady steps were timed: 9–10 steps' (a timed spec trains past its ``steps``), or
+    'one seed each, 4 steps' where no spec asks for steady steps."""
+    train = cells[cells["kind"] == "train"] if "kind" in cells else cells
+    if train.empty:
+        return "none run"
+    steady = {spec.min_steady_steps for _, row in train.iterrows() if (spec := grid_spec(row)) is not None}
+    seeds = train["seed"].nunique()
+    who = "one seed each" if seeds == 1 else f"{seeds} seeds"
+    done = train.loc[train["outcome"] == "ok", "n_steps_done"]
+    if done.empty:
+        done = train["steps"]
+    low, high = int(done.min()), int(done.max())
+    span = f"{low} steps" if low == high else f"{low}–{high} steps"
+    if len(steady) == 1 and (count := steady.pop()) > 0:
+        return f"{who}, trained until {count} steady steps were timed: {span}"
+    return f"{who}, {span}"
 
 
 def _grid_reach(cells: pd.DataFrame, stack: str, regime: str, backend: str, card: str) -> str:
@@ -458,8 +486,7 @@ def batch_reach(cells: pd.DataFrame, searches: Sequence[SearchRow], probes: pd.D
     sentences = []
     grid = [reach for backend in backends if (reach := _grid_reach(cells, stack, regime, backend, card))]
     if grid:
-        steps = int(matching(cells, stack=stack, regime=regime, card=card)["steps"].max())
-        text = f"In the {steps}-step grid cells, " + "; ".join(grid)
+        text = f"In the grid cells ({grid_steps(matching(cells, stack=stack, regime=regime, card=card))}), " + "; ".join(grid)
         spread = _peak_spread(cells, stack, regime, card, backends)
         if spread is not None and spread[1] > 1:
             size = f"{spread[0]:.1f} MiB" if spread[0] < 1024 else f"{spread[0] * GIB_PER_MIB:.2f} GiB"
@@ -489,18 +516,38 @@ def batch_reach(cells: pd.DataFrame, searches: Sequence[SearchRow], probes: pd.D
     if disagree:
         sentences.append("The grid cell and the search's probes disagree about " + ", ".join(disagree)
                          + ": one trains the batch, another runs out of memory")  # fmt: skip
-    vanilla, fused = rows.get("vanilla"), [rows[b] for b in backends if b != "vanilla" and rows.get(b) is not None]
-    if vanilla is not None and fused:
-        trained = [(row.backend, row.fits) for row in fused if row is not None and row.fits is not None]
-        if vanilla.fails is not None and any(fits >= vanilla.fails for _, fits in trained):
-            backend, fits = max(trained, key=lambda item: item[1])
-            sentences.append(f"So on this card vanilla scoring fails at a batch that {backend} trains (B={fits}): with "
-                             "the same encoder, the scoring backend decides how far the batch goes")  # fmt: skip
-        elif vanilla.settled is not None and all(row is not None and row.settled == vanilla.settled for row in fused):
-            sentences.append("Both stop at the same batch: the encoder, not the score grid, decides how far the batch goes")
-        else:
-            sentences.append("The searches have not yet separated the backends on this card")
+    vanilla, fused = rows.get("vanilla"), [row for b in backends if b != "vanilla" and (row := rows.get(b)) is not None]
+    if vanilla is not None and vanilla.probes > 0 and fused:
+        sentences.append(_search_verdict(vanilla, fused, probes))
     return ". ".join(sentences) + "." if sentences else "not measured yet"
+
+
+def _search_verdict(vanilla: SearchRow, fused: Sequence[SearchRow], probes: pd.DataFrame) -> str:
+    """What the ceiling searches of one card say of vanilla against the fused backends, only from what
+    they settled: vanilla fails at a batch a fused backend trained on every seed; both stop at the same
+    batch; or not separated yet — with, for a search under way, how many seeds its largest batch has
+    trained so far (its walk runs on the first seed; the others confirm only the batch it ends on)."""
+    settled = [(row.backend, row.settled) for row in fused if row.settled is not None]
+    if vanilla.settled is not None and vanilla.fails is not None and any(fits >= vanilla.fails for _, fits in settled):
+        backend, fits = max(settled, key=lambda item: item[1])
+        return (f"So on this card vanilla scoring fails at a batch that {backend} trains on every seed (vanilla "
+                f"{vanilla.settled}, {backend} {fits}): with the same encoder, the scoring backend decides how far the "
+                "batch goes")  # fmt: skip
+    if vanilla.settled is not None and len(settled) == len(fused) and all(fits == vanilla.settled for _, fits in settled):
+        return "Both stop at the same batch: the encoder, not the score grid, decides how far the batch goes"
+    pending = [row for row in (vanilla, *fused) if row.settled is None]
+    seeds = []
+    for row in pending:
+        if row.fits is None or probes.empty:
+            continue
+        trained = probes_of(probes, row.stack, row.regime, row.fits, row.backend, row.card)
+        count = int((trained["outcome"] == "ok").sum()) if not trained.empty else 0
+        if count < len(row.search.seeds):
+            seeds.append(f"{row.backend}'s B={row.fits} has trained {count} of its {len(row.search.seeds)} seeds")
+    names = _names([row.backend for row in pending])
+    text = (f"Until {names}'s search{'es have' if len(pending) > 1 else ' has'} finished, the searches have not "
+            "separated the backends on this card")  # fmt: skip
+    return text + (f" ({'; '.join(seeds)} so far)" if seeds else "")
 
 
 def _disputed(cells: pd.DataFrame, probes: pd.DataFrame, stack: str, regime: str, backend: str, card: str) -> list[int]:
@@ -625,9 +672,11 @@ def published_op_reading(calls: pd.DataFrame, published: pd.DataFrame, backend: 
     return text
 
 
-def published_failure(published: pd.DataFrame) -> str:
+def published_failure(published: pd.DataFrame, cells: pd.DataFrame | None = None) -> str:
     """A published out-of-memory cell beside the backends that trained its batch, from the published
-    figures alone: the request, what was allocated and reserved, and the peaks of those that trained."""
+    figures: the request, what was allocated and reserved at its peak, and the peaks of those that
+    trained; with ``cells``, our grid cell of that batch read the same way (reserved − allocated at the
+    peak before it ran out) and whether the two agree within :data:`MEMORY_TOLERANCE`."""
     if published.empty:
         return ""
     failed = published[(published["outcome"] == "oom") & published["step_peak_alloc_gib"].notna()]
@@ -647,7 +696,23 @@ def published_failure(published: pd.DataFrame) -> str:
         text += (f", while {backend_label(other['variant'], other['score_mini_batch_size'])} trained the same batch at "
                  f"{other['step_peak_alloc_gib']:.2f} GiB allocated "
                  f"({other['step_peak_reserved_gib']:.2f} GiB reserved)")  # fmt: skip
+    mine = _grid_cell(cells, str(ref["stack"]), str(ref["regime"]), int(ref["batch_size"]), backend, str(ref["card"])) \
+        if cells is not None else None  # fmt: skip
+    if mine is not None and mine["outcome"] == "oom" and not missing(mine["pre_oom_reserved_mib"]):
+        ours = (mine["pre_oom_reserved_mib"] - mine["pre_oom_alloc_mib"]) * GIB_PER_MIB
+        verdict = ("the same figure" if same_memory(unallocated * 1024, ours * 1024)
+                   else f"{percent(100 * (ours - unallocated) / unallocated)} off it")  # fmt: skip
+        text += (f". Ours, read the same way (reserved − allocated at the peak before our grid cell of that batch ran "
+                 f"out of memory): {ours:.2f} GiB, {verdict} (within {MEMORY_TOLERANCE})")  # fmt: skip
     return text
+
+
+MEMORY_TOLERANCE = "±2.5% or 16 MiB"  # the published-claims page's tolerance for a memory figure (claims.TOLERANCES)
+
+
+def same_memory(published_mib: float, ours_mib: float) -> bool:
+    """Whether two memory figures agree within :data:`MEMORY_TOLERANCE`: 2.5% of the published one or 16 MiB."""
+    return abs(ours_mib - published_mib) <= max(0.025 * abs(published_mib), 16.0)
 
 
 # ---- shapes and what fails first -----------------------------------------------------------------
@@ -665,43 +730,57 @@ def call_shapes(calls: pd.DataFrame) -> str:
             f"{min(pages)}–{max(pages)}, and the embeddings reach the loss as {dtypes}.")  # fmt: skip
 
 
-def first_failures(cells: pd.DataFrame) -> list[str]:
-    """Per card, the first batch at which each backend runs out of memory and where — in the MaxSim op or
-    outside it — and, where every backend fails at the same batch outside the op with the same pre-OOM
-    peak, that it does: the op is then not what fills the card."""
-    lines: list[str] = []
-    if cells.empty:
-        return lines
-    for card in cards_in_order(cells["card"]):
-        mine = matching(cells, card=card, allocator="default")
-        parts: list[str] = []
-        firsts: dict[str, pd.Series] = {}
-        for backend in style.in_order(mine["backend"].unique()):
-            own = mine[mine["backend"] == backend].sort_values("batch_size")
-            failed = own[own["outcome"] == "oom"]
-            if failed.empty:
-                parts.append(f"{backend} trains every batch run (up to {own['batch_size'].max()})")
-                continue
-            first = failed.iloc[0]
-            firsts[backend] = first
-            where = {"maxsim": "in the MaxSim op", "elsewhere": "outside the op"}.get(str(first["oom_where"]), "")
-            parts.append(f"{backend} first runs out of memory at B={first['batch_size']} {where}".rstrip())
-        rows = list(firsts.values())
-        same = {(r["batch_size"], r["oom_where"], r["pre_oom_alloc_mib"]) for r in rows}
-        if len(rows) == len(parts) > 1 and len(same) == 1 and rows[0]["oom_where"] == "elsewhere":
-            failing = list(firsts)
-            text = (f"On the {card_short(card)} card {', '.join(failing[:-1])} and {failing[-1]} all first run out of memory at "
-                    f"B={rows[0]['batch_size']}, outside the op, with the same {rows[0]['pre_oom_alloc_mib'] * GIB_PER_MIB:.2f} "
-                    "GiB allocated: the score op is not what fills the card")  # fmt: skip
-        else:
-            text = f"On the {card_short(card)} card: " + "; ".join(parts)
-            inside = [(backend, row) for backend, row in firsts.items() if row["oom_where"] == "maxsim"]
-            trained = [b for b in style.in_order(mine["backend"].unique()) if b not in firsts or firsts[b]["batch_size"] > min(
-                row["batch_size"] for _, row in inside)] if inside else []  # fmt: skip
-            if inside and trained:
-                names = trained[0] if len(trained) == 1 else f"{', '.join(trained[:-1])} and {trained[-1]}"
-                text += (f" — {inside[0][0]}'s score grid binds first: it fails in the op at a batch that "
-                         f"{names} train{'s' if len(trained) == 1 else ''}")  # fmt: skip
+WHERE_FAILED = {"maxsim": "in the MaxSim op", "elsewhere": "outside the op"}
+
+
+def _names(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def ceiling_reach(searches: Sequence[SearchRow], stack: str, regime: str, allocator: str = "default") -> list[str]:
+    """Per card, from the ceiling searches (the finer measurement: every seed, bisected to the search's
+    resolution), the largest batch each backend trains and where the next batch ran out of memory — in
+    the MaxSim op or outside it — then what that says, computed:
+
+    - vanilla's next batch fails in the op and another backend trains more: vanilla's score grid binds first;
+    - every backend stops at the same batch, outside the op: the score op is not what fills the card;
+    - the same batch, vanilla failing in the op: at the search's resolution the score op does not move it.
+
+    A search under way is given as its range, one not started as 'not run'; a card with no probe is left out."""
+    lines = []
+    rows = [row for row in searches if (row.stack, row.regime, row.allocator) == (stack, regime, allocator)]
+    for card in cards_in_order(row.card for row in rows if row.probes > 0):
+        on_card = [row for row in rows if row.card == card]
+        order = style.in_order({row.backend for row in on_card})
+        on_card.sort(key=lambda row: order.index(row.backend))
+        parts = []
+        for row in on_card:
+            if row.settled is not None and row.fails is not None:
+                where = WHERE_FAILED.get(row.fails_where or "", "")
+                parts.append(f"{row.backend} trains {row.settled} (B={row.fails} runs out of memory {where})".replace(" )", ")"))
+            elif row.probes == 0:
+                parts.append(f"{row.backend}'s search has not run")
+            else:
+                parts.append(f"{row.backend} {ceiling_text(row)}")
+        text = f"On the {card_short(card)} card: " + "; ".join(parts)
+        vanilla = next((row for row in on_card if row.backend == "vanilla"), None)
+        others = [row for row in on_card if row is not vanilla and row.settled is not None]
+        if vanilla is not None and vanilla.settled is not None and vanilla.fails is not None and others:
+            above = [row for row in others if row.settled is not None and row.settled > vanilla.settled]
+            same = all(row.settled == vanilla.settled for row in others)
+            if vanilla.fails_where == "maxsim" and above:
+                batches: dict[int, list[str]] = {}
+                for row in above:
+                    batches.setdefault(int(row.settled or 0), []).append(row.backend)
+                more = ", ".join(f"{_names(names)} {batch}" for batch, names in sorted(batches.items()))
+                others_word = "the others" if len(above) == len(others) else "others"
+                text += (f" — vanilla's score grid binds first: its next batch fails in the MaxSim op, while {others_word} "
+                         f"train more ({more}: up to {max(batches) / vanilla.settled:.2f}× vanilla's batch)")  # fmt: skip
+            elif same and all(row.fails_where == "elsewhere" for row in [vanilla, *others]):
+                text += " — every backend stops at the same batch, outside the op: the score op is not what fills the card"
+            elif same and vanilla.fails_where == "maxsim":
+                text += (" — every backend stops at the same batch: vanilla's next batch fails in the MaxSim op, the "
+                         "others' outside it, so at the search's resolution the score op does not move the ceiling")  # fmt: skip
         lines.append(text + ".")
     return lines
 
@@ -771,6 +850,18 @@ def timing_coverage(cells: pd.DataFrame) -> str:
     why = "; ".join(f"{count} {reason}" for reason, count in reasons.items())
     return (f"{len(shown)} of the {len(ok)} cells that trained here were timed under the timing rule, and only they "
             f"are shown. The others: {why}.")  # fmt: skip
+
+
+def published_time_lead(table: pd.DataFrame, published: pd.DataFrame) -> str:
+    """The sentence before the published step-time table: what it sets side by side, or — where it is
+    empty — why there is none (the published run timed no cell of this regime, or none we timed), so a
+    page never shows a heading over an empty table."""
+    if not table.empty:
+        return ("The published step times beside ours, for the cells both runs timed (the published run on an H100 "
+                "80 GB, ours on an H200 capped to that card's memory but not to its speed):")  # fmt: skip
+    if published.empty or published["step_sec"].isna().all():
+        return "The published run gives no step time for this regime, so there is none to set beside ours."
+    return "None of the cells the published run timed has a cell of ours timed under the timing rule yet."
 
 
 def published_time_reading(cells: pd.DataFrame, published: pd.DataFrame) -> str:
@@ -853,6 +944,37 @@ def repeat_hosts(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:
     if not parts:
         return ""
     return "Where the two runs of a pair ran: " + "; ".join(parts) + "."
+
+
+def interval_scope(pairs: Sequence[tuple[CellResult, CellResult]], cells: pd.DataFrame, fused: str = "lik") -> str:
+    """What a speed ratio's 95% interval covers, against the repeats: it resamples the steady steps of one
+    run of each cell, so it is the noise within a run; a second run of the same cell moved its median
+    by the repeats' gaps. Names the timed ratios of ``fused`` against vanilla whose distance from 1 is
+    within the widest repeat gap (a second run could change them), computed from the cells."""
+    gaps = [gap for _, _, _, gap in timing.repeat_gaps(pairs)]
+    if not gaps:
+        return ""
+    widest = max(gaps)
+    text = (f"A speed ratio's 95% interval resamples the steady steps of one run of each cell: it is the noise within "
+            f"a run, not between runs. Between two runs of the same cell the median moved by "
+            f"{100 * min(gaps):.1f}–{100 * widest:.1f}% here, so a ratio closer to 1 than {100 * widest:.1f}% is within "
+            "what a second run of either cell could change, however narrow its interval")  # fmt: skip
+    ok = timed(cells)
+    if ok.empty:
+        return text + "."
+    ok = ok[ok["allocator"] == "default"]
+    within = []
+    for (stack, regime, card, batch), group in ok.groupby(["stack", "regime", "card", "batch_size"]):
+        times = dict(zip(group["backend"], group["steady_times_sec"], strict=False))
+        if "vanilla" in times and fused in times:
+            ratio = timing.ratio(list(times["vanilla"]), list(times[fused]))
+            if ratio.measurable and abs(ratio.value - 1) < widest:
+                within.append(f"{regime_label(str(stack), str(regime))} B={batch} on {card_short(str(card))} "
+                              f"({ratio.value:.2f}×)")  # fmt: skip
+    if within:
+        text += (f". Of the measurable {fused} ratios against vanilla, {len(within)} are that close to 1: "
+                 + ", ".join(within))  # fmt: skip
+    return text + "."
 
 
 def _step_shapes(result: CellResult) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from harness.report.data import GIB_PER_MIB, backend_label
-from harness.report.text import failed_request, missing, significant
+from harness.report.text import failed_request, missing, regime_words, significant
 
 TABLE_ID = "all-cells"
 
@@ -36,7 +36,8 @@ class Column:
 
 COLUMNS = [
     Column("stack", "stack", choose=True),
-    Column("regime", "regime", choose=True),
+    Column("regime", "regime_text", choose=True,
+           title="The training regime; ColQwen2's 'plain' (result files, cell ids) is its recipe, which checkpoints"),
     Column("batch", "batch_size", title="Training batch size (queries per step)"),
     Column("backend", "backend", choose=True, title="MaxSim backend: vanilla, lik, flash, or vanilla + chunk N"),
     Column("card", "card", choose=True, title="The card profile the cell was capped to; native: the whole device"),
@@ -49,8 +50,12 @@ COLUMNS = [
            title="Peak memory the CUDA caching allocator held over the training steps"),
     Column("reserved − allocated (GiB)", "fragmentation_mib", scale=GIB_PER_MIB,
            title="Reserved minus allocated at the step peak: the allocator's fragmentation"),
-    Column("time per step (s)", "steady_step_time_sec", scale=1.0, title="Median over the steady (post-warm-up) steps"),
-    Column("samples / s", "samples_per_sec", scale=1.0),
+    Column("time per step (s)", "steady_step_time_sec", scale=1.0,
+           title="Median over the steady (post-warm-up) steps; only for a cell timed alone (the timing rule)"),
+    Column("samples / s", "samples_per_sec", scale=1.0, title="Only for a cell timed alone (the timing rule)"),
+    Column("times", "times_text", choose=True,
+           title="'timed alone': the cell had its GPU and CPU cores to itself, so its times are the card's and are "
+                 "shown; 'not shown': it shared its host (or has no record of it), so its times are left out"),
     Column("failed request (GiB)", "oom_request", title="What the allocation that ran out of memory asked for"),
     Column("negatives", "negatives", title="Hard negatives per query (op-level cells); empty: in-batch only"),
     Column("grid", "grid", choose=True, title="The grid (grids/*.yaml) the cell belongs to"),
@@ -85,15 +90,33 @@ def rows(cells: pd.DataFrame) -> pd.DataFrame:
         backend=[backend_label(v, c) for v, c in zip(cells["variant"], cells["score_mini_batch_size"], strict=True)],
         outcome_text=cells.apply(outcome_text, axis=1) if len(cells) else [],
         oom_request=[request_gib(m) for m in cells["oom_message"]],
+        times_text=[TIMED if alone else NOT_TIMED for alone in _alone(cells)],
+        regime_text=[regime_words(str(stack), str(regime))
+                     for stack, regime in zip(cells["stack"], cells["regime"], strict=True)],
     ).sort_values(ORDER, na_position="first")
     shown = {}
     for column in COLUMNS:
         values = frame[column.field]
-        if column.scale is not None:
+        if column.field in TIMES:  # the timing rule: a time is the card's only if the cell had its host alone
+            rows_of = zip(values, frame["outcome"], frame["times_text"], strict=True)
+            shown[column.header] = [_measured(v, column.scale or 1.0, outcome) if times == TIMED else ""
+                                    for v, outcome, times in rows_of]  # fmt: skip
+        elif column.scale is not None:
             shown[column.header] = [_measured(v, column.scale, row) for v, row in zip(values, frame["outcome"], strict=True)]
         else:
             shown[column.header] = ["" if missing(v) else _plain(v) for v in values]
     return pd.DataFrame(shown).reset_index(drop=True)
+
+
+TIMES = {"steady_step_time_sec", "samples_per_sec"}
+TIMED, NOT_TIMED = "timed alone", "not shown"
+
+
+def _alone(cells: pd.DataFrame) -> list[bool]:
+    """Per row, whether its times may be published (``times_comparable``; no column: none may)."""
+    if "times_comparable" not in cells:
+        return [False] * len(cells)
+    return [value is True or (not missing(value) and bool(value)) for value in cells["times_comparable"]]
 
 
 def _measured(value: object, scale: float, outcome: object) -> str:

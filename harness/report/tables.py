@@ -23,6 +23,8 @@ from harness.report.text import (
     nowrap,
     number,
     percent,
+    regime_label,
+    regime_words,
     sig,
     signed,
 )
@@ -385,8 +387,8 @@ def ceiling_grid(searches: Sequence[SearchRow], allocator: str = "default") -> p
     chosen = [row for row in searches if row.allocator == allocator]
     if not chosen:
         return pd.DataFrame()
-    frame = pd.DataFrame([{"stack": row.stack, "regime": row.regime, "backend": row.backend, "card": row.card,
-                           "ceiling": ceiling_text(row)} for row in chosen])  # fmt: skip
+    frame = pd.DataFrame([{"stack": row.stack, "regime": regime_words(row.stack, row.regime), "backend": row.backend,
+                           "card": row.card, "ceiling": ceiling_text(row)} for row in chosen])  # fmt: skip
     table = frame.pivot_table(index=["stack", "regime", "backend"], columns="card", values="ceiling", aggfunc="first")
     order = cards_in_order(frame["card"])
     return table.reindex(columns=order).rename(columns=card_label).rename_axis(columns=None).fillna(NO_SEARCH)
@@ -402,9 +404,12 @@ def ceiling_details(searches: Sequence[SearchRow]) -> pd.DataFrame:
         if row.fails_message is not None:
             asked = nowrap(_asked(row.fails_message)).replace("asked\u00a0", "asked ")  # its size on one line, the rest wraps
             failed += f", {asked}" if failed else asked
+        if not failed:  # no batch above has failed (yet): say why the cell is empty
+            failed = ("none yet (searching)" if not row.done else "none: the search reached its limit") if row.fails is None \
+                else f"B={row.fails}" + ("" if row.done else " (searching)")  # fmt: skip
         growth = "" if missing(row.fragmentation_growth_mib) else f" ({signed(float(row.fragmentation_growth_mib or 0), '+.0f')})"
         rows.append({
-            "stack · regime": f"{row.stack} · {row.regime}", "backend": row.backend,
+            "stack · regime": regime_label(row.stack, row.regime), "backend": row.backend,
             "card · allocator": f"{card_short(row.card)} · {row.allocator}", "ceiling": ceiling_text(row),
             "peak alloc / reserved (GiB)": peaks, "headroom (GiB)": number(row.headroom_gib, ".2f"),
             "reserved − alloc (GiB), growth over steps (MiB)": number(row.fragmentation_gib, ".2f") + growth,

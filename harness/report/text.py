@@ -113,16 +113,19 @@ def card_short(name: str) -> str:
     return f"{profile.nominal_gb} GB" + (" (whole H200)" if profile.usable_gib is None else "")
 
 
+MINUS = "\u2212"  # a true minus sign: a hyphen before a figure reads as a dash in a table
+
+
 def percent(value: float, spec: str = "+.1f") -> str:
-    """A signed percentage that never reads '-0.0%': a value that rounds to zero is '0%'."""
+    """A signed percentage with a true minus ('−1.5%') that never reads '−0.0%': a value that rounds to zero is '0%'."""
     text = format(value, spec)
-    return "0%" if float(text) == 0 else f"{text}%"
+    return "0%" if float(text) == 0 else f"{text.replace('-', MINUS)}%"
 
 
 def signed(value: float, spec: str = "+.2f") -> str:
-    """A signed number that never reads '-0.00': a value that rounds to zero is '0'."""
+    """A signed number with a true minus ('−0.50') that never reads '−0.00': a value that rounds to zero is '0'."""
     text = format(value, spec)
-    return "0" if float(text) == 0 else text
+    return "0" if float(text) == 0 else text.replace("-", MINUS)
 
 
 def cards_in_order(names: object) -> list[str]:
@@ -162,3 +165,19 @@ def ceiling_text(row: SearchRow) -> str:
     if row.fits is None:
         return f"< {row.fails}"
     return f"{row.fits}"
+
+
+# The regime as a reader needs it: ColQwen2's "plain" regime is colpali-engine's own recipe, which trains
+# with gradient checkpointing — 'plain' would read as "no checkpointing" beside PyLate's plain regime.
+# Result files and cell ids keep the regime's name; only what a page shows changes.
+REGIME_WORDS = {("colpali", "plain"): "recipe (grad-checkpointed)"}
+
+
+def regime_words(stack: str, regime: str) -> str:
+    """A regime as a page shows it: 'grad-checkpoint', 'recipe (grad-checkpointed)' for ColQwen2's 'plain'."""
+    return REGIME_WORDS.get((stack, regime), regime)
+
+
+def regime_label(stack: str, regime: str) -> str:
+    """'pylate · grad-checkpoint', 'colpali · recipe (grad-checkpointed)': a stack and regime for a page."""
+    return f"{stack} · {regime_words(stack, regime)}"

@@ -1,0 +1,240 @@
+"""The pages' sentences about how far a batch goes, read from the ceiling searches (the finer
+measurement) and checked against them: a sentence that says which backend binds first, or that one
+fails where another trains, must be what the committed searches say."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from harness.report import data, prose, style
+from harness.report.text import nowrap
+from harness.search import Ceiling, CeilingSearch
+
+
+def row(backend: str, card: str, fits: int | None, fails: int | None, where: str | None = None, done: bool = True,
+        probes: int = 5, stack: str = "pylate", regime: str = "plain") -> data.SearchRow:  # fmt: skip
+    variant, chunk = (backend, None) if "chunk" not in backend else ("vanilla", int(backend.split()[-1]))
+    search = CeilingSearch(stack=stack, regime=regime, variant=variant, score_mini_batch_size=chunk, card=card,
+                           seeds=(42, 43, 44), start=128, limit=4096, resolution=8)  # fmt: skip
+    ceiling = Ceiling(fits=fits, fails=fails, next_batch=None if done else (fails or 2 * (fits or 64)))
+    return data.SearchRow(search=search, ceiling=ceiling, probes=probes, usable_gib=78.43, fails_where=where)
+
+
+@pytest.fixture(scope="module")
+def searches():
+    return data.ceilings(data.read())
+
+
+def test_the_ceiling_reading_says_which_backend_binds_first_from_where_the_next_batch_failed():
+    binds = [row("vanilla", "h100-80gb", 176, 184, "maxsim"), row("lik", "h100-80gb", 184, 192, "elsewhere"),
+             row("flash", "native", None, None, done=False, probes=0), row("vanilla", "native", 304, 320, "maxsim"),
+             row("lik", "native", 336, 352, "elsewhere")]  # fmt: skip
+    assert prose.ceiling_reach(binds, "pylate", "plain") == [
+        "On the 80 GB card: vanilla trains 176 (B=184 runs out of memory in the MaxSim op); lik trains 184 (B=192 runs "
+        "out of memory outside the op) — vanilla's score grid binds first: its next batch fails in the MaxSim op, while "
+        "the others train more (lik 184: up to 1.05× vanilla's batch).",
+        "On the 141 GB (whole H200) card: vanilla trains 304 (B=320 runs out of memory in the MaxSim op); lik trains "
+        "336 (B=352 runs out of memory outside the op); flash's search has not run — vanilla's score grid binds first: "
+        "its next batch fails in the MaxSim op, while the others train more (lik 336: up to 1.11× vanilla's batch)."]
+    same = [row("vanilla", "rtx4090-24gb", 48, 52, "elsewhere"), row("lik", "rtx4090-24gb", 48, 52, "elsewhere")]
+    assert prose.ceiling_reach(same, "pylate", "plain")[0].endswith(
+        "every backend stops at the same batch, outside the op: the score op is not what fills the card.")
+    # a search under way decides nothing: its range is given and nothing is concluded
+    running = [row("vanilla", "h100-80gb", 176, 184, "maxsim"), row("lik", "h100-80gb", 184, 256, done=False)]
+    assert prose.ceiling_reach(running, "pylate", "plain") == [
+        "On the 80 GB card: vanilla trains 176 (B=184 runs out of memory in the MaxSim op); lik 184–255 (searching)."]
+
+
+@pytest.mark.parametrize("regime", ["plain", "grad-checkpoint"])
+def test_the_pylate_pages_never_say_the_score_op_does_not_fill_a_card_where_vanilla_fails_in_it(searches, regime):
+    """pylate-plain.md / pylate-grad-checkpoint.md lead: each card's sentence names vanilla's ceiling and
+    where the batch above it died exactly as the search recorded it."""
+    lines = prose.ceiling_reach(searches, "pylate", regime)
+    assert lines
+    for line in lines:
+        card = next(r.card for r in searches if line.startswith(f"On the {prose.card_short(r.card)} card:"))
+        vanilla = data.find_search(searches, "pylate", regime, "vanilla", card)
+        assert vanilla is not None
+        if vanilla.settled is not None and vanilla.fails is not None:
+            where = prose.WHERE_FAILED[vanilla.fails_where or ""]
+            assert f"vanilla trains {vanilla.settled} (B={vanilla.fails} runs out of memory {where})" in line
+            if vanilla.fails_where == "maxsim":
+                assert "the score op is not what fills the card" not in line
+        if "binds first" in line:
+            others = [r for r in searches if (r.stack, r.regime, r.card, r.allocator) == ("pylate", regime, card, "default")
+                      and r.backend != "vanilla" and r.settled is not None]  # fmt: skip
+            assert vanilla.fails_where == "maxsim" and any(r.settled > vanilla.settled for r in others), line
+
+
+@pytest.fixture(scope="module")
+def committed():
+    results = data.read()
+    cells, _ = data.load(results)
+    return cells, data.ceilings(results), data.ceiling_probes(results)
+
+
+def test_a_backend_is_said_to_train_what_vanilla_fails_only_once_both_searches_settle_it(committed):
+    """colpali.md / intro.md, 'On the whole H200': 'vanilla scoring fails at a batch that lik trains' only
+    where vanilla's search has finished and lik's settled ceiling reaches vanilla's failing batch on every
+    seed; a search under way (ColQwen2 on 141 GB) leaves the backends 'not separated'."""
+    cells, searches, probes = committed
+    for stack, regime, card, backends in [("colpali", "plain", "native", ("vanilla", "lik")),
+                                          ("colpali", "plain", "h100-80gb", ("vanilla", "lik")),
+                                          ("pylate", "plain", "h100-80gb", ("vanilla", "lik", "flash"))]:  # fmt: skip
+        text = prose.batch_reach(cells, searches, probes, stack, regime, card, backends)
+        vanilla = data.find_search(searches, stack, regime, "vanilla", card)
+        fused = [data.find_search(searches, stack, regime, b, card) for b in backends[1:]]
+        beaten = (vanilla is not None and vanilla.settled is not None and vanilla.fails is not None
+                  and any(r is not None and r.settled is not None and r.settled >= vanilla.fails for r in fused))  # fmt: skip
+        assert ("vanilla scoring fails at a batch that" in text) == beaten, text
+        if not beaten and any(r is None or r.settled is None for r in [vanilla, *fused]):
+            assert "the searches have not separated the backends on this card" in text, text
+
+
+def test_the_grid_cells_steps_are_read_from_their_specs_and_results(committed):
+    """Pages say how long a grid cell trained from its grid's spec (steps, warm-up, min_steady_steps) and
+    its result, never the spec's `steps` alone: a timed cell of `steps: 4` trains past it."""
+    cells, _, _ = committed
+    train = cells[cells["kind"] == "train"]
+    least = [data.least_steps(row) for _, row in train.iterrows()]
+    ok = train["outcome"] == "ok"
+    assert (train.loc[ok, "n_steps_done"] >= pd.Series(least, index=train.index)[ok]).all()
+    words = prose.grid_steps(train)
+    done = train.loc[ok, "n_steps_done"]
+    assert words.endswith(f": {done.min()}–{done.max()} steps") or words.endswith(f": {done.min()} steps"), words
+    assert "4 steps" not in words or (train["steps"] == done.max()).all()
+
+
+def test_an_oom_sentence_takes_its_figures_from_one_source(committed):
+    """colpali.md / intro.md, ColQwen2 B=128: the peak figures are called the peak's, and what the error message
+    says (allocated, reserved but unallocated) is given as the message's, so the two never read as one sum."""
+    cells, _, probes = committed
+    text = prose.grid_and_probes(cells, probes, "colpali", "plain", 128, "vanilla", "h100-80gb")
+    row = cells[(cells["stack"] == "colpali") & (cells["card"] == "h100-80gb") & (cells["batch_size"] == 128)
+                & (cells["backend"] == "vanilla") & (cells["grid"] == "published")].iloc[0]  # fmt: skip
+    allocated, unallocated = prose.oom_held_mib(row["oom_message"])
+    assert (f"{row['pre_oom_alloc_mib'] / 1024:.2f} GiB allocated, {row['pre_oom_reserved_mib'] / 1024:.2f} GiB reserved "
+            "at the peak before it") in text  # fmt: skip
+    assert (f"counts {allocated / 1024:.2f} GiB allocated and {unallocated / 1024:.2f} GiB reserved but unallocated "
+            f"({(allocated + unallocated) / 1024:.2f} GiB reserved") in text  # fmt: skip
+
+
+def test_the_published_peak_gap_is_compared_with_ours_read_the_same_way(committed):
+    """ceilings.md: the published ColQwen2 B=128 failure's reserved − allocated at its peak beside our grid
+    cell's, with the verdict of the claims page's memory tolerance."""
+    cells, _, _ = committed
+    published = data.published("colpali", "plain")
+    text = prose.published_failure(published, cells)
+    ref = published[(published["outcome"] == "oom") & published["step_peak_alloc_gib"].notna()].iloc[0]
+    theirs = ref["step_peak_reserved_gib"] - ref["step_peak_alloc_gib"]
+    row = cells[(cells["stack"] == "colpali") & (cells["card"] == "h100-80gb") & (cells["batch_size"] == 128)
+                & (cells["backend"] == "vanilla") & (cells["grid"] == "published")].iloc[0]  # fmt: skip
+    ours = (row["pre_oom_reserved_mib"] - row["pre_oom_alloc_mib"]) / 1024
+    assert f"{theirs:.2f} GiB reserved but not allocated" in text and f"{ours:.2f} GiB, " in text
+    agree = abs(ours - theirs) <= max(0.025 * theirs, 16 / 1024)
+    assert ("the same figure" in text) == agree
+
+
+def test_the_intro_pages_list_names_every_chapter():
+    """intro.md, 'Pages': every chapter of the table of contents is listed (GradCache and gathered were missing)."""
+    import yaml
+
+    from test_book import ROOT
+
+    toc = yaml.safe_load((ROOT / "book" / "_toc.yml").read_text())
+    intro = (ROOT / "book" / "intro.md").read_text()
+    listed = intro[intro.index("## Pages"):]
+    missing_pages = [chapter["file"] for chapter in toc["chapters"] if f"{{doc}}`{chapter['file']}`" not in listed]
+    assert not missing_pages
+
+
+def test_the_intro_predictions_are_the_predict_pages_model_rounded_to_each_search(searches):
+    """intro.md: 'pred. N' is the model of predict.md's table for every card, rounded down to the search's
+    resolution — the same fit, so the two pages never disagree beyond that rounding."""
+    from harness import memmodel
+    from harness.report import predictions
+
+    model, _ = predictions.fitted(data.read())
+    assert model is not None
+    rows = {(r["stack"], r["regime"], r["backend"], r["card"]): r["predicted_largest_batch"] for r in memmodel.table(model)}
+    predicted = predictions.ceiling_predictions(searches, model)
+    assert predicted
+    for key, batch in predicted.items():
+        search = data.find_search(searches, *key)
+        assert search is not None
+        table = rows[key]
+        assert batch == min(search.search.limit, table // search.search.resolution * search.search.resolution), key
+
+
+def test_a_card_we_searched_shows_its_measured_ceiling_beside_the_prediction(searches):
+    """predict.md: no card that a ceiling search ran on shows a prediction alone (an RTX4090 'vanilla 271*'
+    beside a measured 224 read as a contradiction)."""
+    from harness import memmodel
+    from harness.report import predictions
+    from harness.report.text import ceiling_text
+
+    model, _ = predictions.fitted(data.read())
+    rows = memmodel.table(model)
+    for stack, regime in predictions.recipes(rows):
+        table = predictions.cards_table(rows, stack, regime, searches)
+        for row in searches:
+            if (row.stack, row.regime, row.allocator) != (stack, regime, "default") or row.probes == 0:
+                continue
+            name = predictions._card(row.card).replace(" ", "\u00a0")
+            label = next(c for c in table["card (usable GiB)"] if c.startswith(name))
+            cell = table.loc[table["card (usable GiB)"] == label, nowrap(style.short(row.backend))].iloc[0]
+            measured = ceiling_text(row).replace(" (searching)", ", searching")
+            assert f"measured {nowrap(measured)}" in cell, (row.card, row.backend, cell)
+
+
+def test_no_published_time_heading_stands_over_an_empty_table():
+    """colpali.md / pylate-*.md: the sentence before the published step-time table says there is none when
+    the table is empty (PyLate without checkpointing has no published step time)."""
+    from harness.report import tables
+
+    results = data.read()
+    cells, _ = data.load(results)
+    for stack, regime in [("colpali", "plain"), ("pylate", "plain"), ("pylate", "grad-checkpoint")]:
+        published = data.published(stack, regime)
+        table = tables.published_time_table(data.select(cells, stack, regime), published)
+        lead = prose.published_time_lead(table, published)
+        assert lead.endswith(":") == (not table.empty), (stack, regime, lead)
+
+
+def test_a_signed_figure_uses_a_true_minus():
+    from harness.report.text import percent, signed
+
+    assert percent(-1.5) == "\u22121.5%" and percent(2.0) == "+2.0%" and percent(-0.01) == "0%"
+    assert signed(-0.5) == "\u22120.50" and signed(0.001) == "0"
+
+
+def test_the_speed_intervals_are_said_to_be_within_a_run_and_set_against_the_repeats():
+    """methodology.md: a narrow bootstrap interval (e.g. lik 1.06× (1.02–1.08)) beside repeats whose medians
+    moved by up to ~10% — the page names the widest repeat gap and every measurable ratio within it."""
+    import re
+
+    from harness.report import timing
+
+    results = data.read()
+    cells, _ = data.load(results)
+    pairs = data.repeats(results)
+    text = prose.interval_scope(pairs, cells)
+    gaps = [gap for _, _, _, gap in timing.repeat_gaps(pairs)]
+    if not gaps:
+        assert text == ""
+        return
+    assert f"–{100 * max(gaps):.1f}% here" in text
+    for ratio in re.findall(r"\(([0-9.]+)×\)", text):
+        assert abs(float(ratio) - 1) < max(gaps) + 0.005
+
+
+def test_the_results_table_shows_a_time_only_for_a_cell_timed_alone():
+    """results.md: probes and op cells that shared their host show no step time (the timing rule)."""
+    from harness.report import results_table
+
+    cells = data.all_cells(data.read())
+    table = results_table.rows(cells)
+    shown = table["time per step (s)"] != ""
+    assert (table.loc[shown, "times"] == results_table.TIMED).all()
+    assert (table["times"] == results_table.TIMED).sum() == int(cells["times_comparable"].fillna(False).astype(bool).sum())
