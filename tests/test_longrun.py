@@ -58,8 +58,8 @@ def test_every_planned_long_run_is_listed_with_how_it_ended(tmp_path):
 
     text = longrun.reading(runs)
     assert text.startswith("1 of the 2 long runs that ended trained every step at their batch")
-    assert "colpali-plain-b160-lik-h100-80gb ran out of memory after 12 of 20 steps, so its 8-step ceiling" in text
-    assert "512 MiB (colpali-plain-b120-vanilla-h100-80gb)" in text and "1 more have not run yet" in text
+    assert "ColQwen2 lik at B = 160 on 80 GB ran out of memory after 12 of 20 steps, so its 8-step ceiling" in text
+    assert "512 MiB (ColQwen2 vanilla at B = 120 on 80 GB)" in text and "1 more have not run yet" in text
     assert longrun.plot(runs) is not None
 
 
@@ -71,7 +71,7 @@ def test_the_committed_long_run_grid_reads_with_or_without_results():
     # the batch each long run trains is its search's settled 80 GB ceiling
     for run, shown in zip(runs, table["batch (search's ceiling)"], strict=True):
         assert shown in (f"{run.cell.spec.batch_size} ({run.cell.spec.batch_size})", f"{run.cell.spec.batch_size} (not settled)")
-    if not any(run.result for run in runs):
+    if not any(run.result or run.progress for run in runs):
         assert longrun.reading(runs).startswith(f"None of the {len(runs)} long runs has run yet")
 
 
@@ -100,7 +100,7 @@ def test_a_run_cut_short_by_its_host_is_read_from_its_progress(tmp_path):
     assert table["outcome"][2] == "cut short by its host (no OOM up to there)" and table["steps"][2] == "20 of 30"
     assert table["after step 8: reserved / reserved − alloc (MiB)"][2] == "+64 / 0"
     text = longrun.reading(longrun.long_runs(results, grid))
-    assert "pylate-grad-checkpoint-b640-vanilla-h100-80gb trained 20 of 30 steps before its host was taken back" in text
+    assert "PyLate vanilla at B = 640 on 80 GB trained 20 of 30 steps before its host was taken back" in text
     assert "more have not run yet" not in text  # every planned run ran, in full or in part
     assert longrun.plot(longrun.long_runs(results, grid)) is not None
 

@@ -67,6 +67,14 @@ class LongRun:
         return backend_label(self.cell.spec.variant, self.cell.spec.score_mini_batch_size)
 
     @property
+    def name(self) -> str:
+        """The run in words: 'ColQwen2 vanilla at B = 120 on 80 GB, expandable segments'."""
+        spec = self.cell.spec
+        allocator = ", expandable segments" if spec.allocator == "expandable" else ""
+        stack = {"colpali": "ColQwen2", "pylate": "PyLate"}.get(spec.stack, spec.stack)
+        return f"{stack} {self.backend} at B = {spec.batch_size} on {card_short(spec.card)}{allocator}"
+
+    @property
     def steps_trained(self) -> int:
         return len(self.reserved_per_step)
 
@@ -183,13 +191,13 @@ def reading(runs: Sequence[LongRun]) -> str:
     for run in failed:
         assert run.result is not None
         if run.result.outcome == "oom":
-            sentences.append(f"{run.cell.cell_id} ran out of memory after {run.steps_trained} of {run.cell.spec.steps} "
+            sentences.append(f"{run.name} ran out of memory after {run.steps_trained} of {run.cell.spec.steps} "
                              "steps, so its 8-step ceiling does not hold over a run")  # fmt: skip
         else:
-            sentences.append(f"{run.cell.cell_id} ended {run.result.outcome} after {run.steps_trained} of "
+            sentences.append(f"{run.name} ended {run.result.outcome} after {run.steps_trained} of "
                              f"{run.cell.spec.steps} steps, which says nothing of its memory")  # fmt: skip
     for run in cut:
-        sentences.append(f"{run.cell.cell_id} trained {run.steps_trained} of {run.cell.spec.steps} steps before its "
+        sentences.append(f"{run.name} trained {run.steps_trained} of {run.cell.spec.steps} steps before its "
                          "host was taken back, without running out of memory up to there")  # fmt: skip
     growth = [(run, run.after_horizon(run.reserved_per_step)) for run in held + cut]
     measured = [(run, grew) for run, grew in growth if grew is not None]
@@ -199,7 +207,7 @@ def reading(runs: Sequence[LongRun]) -> str:
             sentences.append(f"none of them reserved more after step {HORIZON} than within the first {HORIZON} steps")
         else:
             sentences.append(f"the most any reserved after step {HORIZON} beyond its first {HORIZON} steps' largest is "
-                             f"{most:.0f} MiB ({most_run.cell.cell_id})")  # fmt: skip
+                             f"{most:.0f} MiB ({most_run.name})")  # fmt: skip
     if len(ran) + len(cut) < len(runs):
         sentences.append(f"{len(runs) - len(ran) - len(cut)} more have not run yet")
     text = "; ".join(sentences)
