@@ -45,13 +45,12 @@ def test_the_analytic_maxsim_bytes_are_the_ones_every_result_recorded(results):
 
 def test_the_fitted_peaks_reproduce_every_committed_step(results, model):
     """PyLate's step peaks are reproduced within 128 MiB and 0.3% (with checkpointing within 64 MiB:
-    the fit spans B = 128 to 2304, and its largest residual, −52 MiB at B = 320 on 24 GB, is about 0.26% of
-    that step's peak;
-    without it the residuals alternate in sign with the batch's alignment — 48: −50, 64: +65, 104: −97
-    MiB — the allocator's rounding, not a term the model lacks); ColQwen2's within 5% of each step's
-    peak (at most 4.2 GiB, at B = 224 on the whole H200), not exactly (its steps differ by up to 1.5 GiB at one batch and one set of recorded
-    lengths, and at B = 256 the step with the longest queries peaks lowest: page content the shapes
-    don't show)."""
+    the fit spans B = 128 to 2304, and its largest residual, −52 MiB at B = 320 on 24 GB, is about 0.26%
+    of that step's peak; without it the residuals alternate in sign with the batch's alignment — 48:
+    −50, 64: +65, 104: −97 MiB — the allocator's rounding, not a term the model lacks); ColQwen2's within
+    5% of each step's peak (at most 4.2 GiB, at B = 224 on the whole H200), not exactly (its steps
+    differ by up to 1.5 GiB at one batch and one set of recorded lengths, and at B = 256 the step with
+    the longest queries peaks lowest: page content the shapes don't show)."""
     worst: dict[str, float] = {}
     relative: dict[str, float] = {}
     points = [point for result in memmodel.training_results(results) for point in memmodel.step_points(result)]
