@@ -238,3 +238,31 @@ def test_the_results_table_shows_a_time_only_for_a_cell_timed_alone():
     shown = table["time per step (s)"] != ""
     assert (table.loc[shown, "times"] == results_table.TIMED).all()
     assert (table["times"] == results_table.TIMED).sum() == int(cells["times_comparable"].fillna(False).astype(bool).sum())
+
+
+def test_a_speed_named_on_the_front_page_lies_beyond_its_regimes_run_to_run_noise(searches):
+    """intro.md: a ratio a second run could undo (within the repeats' widest gap of its regime) is said
+    as no difference, however narrow its within-run interval; every ratio named faster or slower is
+    farther from 1 than that noise (to the printed digits)."""
+    import re
+
+    from harness.report import decision, timing
+
+    results = data.read()
+    cells, _ = data.load(results)
+    noise = timing.run_noise(data.repeats(results))
+    timed = 0
+    for stack, regime in decision.regimes(searches):
+        found = decision.timed_batch(cells, stack, regime, noise=noise)
+        if found is None:
+            continue
+        assert found.noise == noise.of(stack, regime)
+        timed += 1
+        text = decision.time_words(found) + " " + decision.advice(searches, cells, stack, regime, noise)
+        for backend, ratio in found.against_vanilla.items():
+            within = ratio.measurable and found.noise is not None and abs(ratio.value - 1) <= found.noise
+            if within:
+                assert "no difference beyond run-to-run noise" in text, (stack, regime, backend)
+        for shown in re.findall(r"(?<!noise \()\b(\d+\.\d+)× (?:faster|slower) \(", text):
+            assert found.noise is None or abs(float(shown) - 1) > found.noise - 0.005, (stack, regime, shown, text)
+    assert timed >= 3  # ColQwen2 and PyLate's two regimes have vanilla and a fused backend timed at one batch

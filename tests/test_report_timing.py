@@ -50,3 +50,40 @@ def test_speed_against_vanilla_and_autotune_cost():
     assert (cost.first_step_sec, cost.retune_steps_sec, cost.steady_median_sec) == (30.0, (8.0,), 1.0)
     assert timing.speed_ratio(lik, result([2.0] * 10, comparable=False)) is None
     assert timing.repeat_gap(timing.StepTimes((1.0, 1.0)), timing.StepTimes((1.02, 1.02))) == 0.020000000000000018
+
+
+def test_a_ratio_within_run_to_run_noise_is_called_no_difference():
+    """A narrow within-run interval does not make a difference that a second run could undo."""
+    small = timing.Ratio(1 / 1.004, 1 / 1.007, 1 / 1.002)  # 1.004× slower, measurable within a run
+    assert small.measurable
+    assert timing.ratio_words(small) == "1.004× slower (1.002–1.007)"
+    assert timing.ratio_words(small, noise=0.008) == (
+        "no difference beyond run-to-run noise (1.004× slower; a second run moved medians up to 0.8%)")
+    large = timing.Ratio(1.10, 1.09, 1.11)
+    assert timing.ratio_words(large, noise=0.008) == timing.ratio_words(large) == "1.10× faster (1.09–1.11)"
+    assert timing.ratio_words(large, noise=0.11).startswith("no difference beyond run-to-run noise (1.10× faster;")
+    tie = timing.Ratio(1.0, 0.98, 1.02)  # an interval that holds 1 stays "no measurable difference"
+    assert timing.ratio_words(tie, noise=0.05).startswith("no measurable difference (")
+
+
+def repeated(stack, regime, times_first, times_second):
+    spec = TrainSpec(stack=stack, regime=regime, batch_size=8, steps=len(times_first), preset="full", device="cuda")
+
+    def run(times):
+        return CellResult(grid="repeat", cell_id=spec.cell_id, spec=spec, outcome="ok", step_times_sec=list(times),
+                          autotune_steps=[0], steady_steps=list(range(1, len(times))),
+                          timing=Timing(cpus="0-7", comparable=True, reason=None))  # fmt: skip
+
+    return run(times_first), run(times_second)
+
+
+def test_run_noise_is_the_widest_repeat_gap_per_regime_and_over_all():
+    pairs = [repeated("pylate", "grad-checkpoint", [5.0] + [2.0] * 9, [5.0] + [2.01] * 9),  # 0.5%
+             repeated("pylate", "grad-checkpoint", [5.0] + [1.0] * 9, [5.0] + [1.008] * 9),  # 0.8%
+             repeated("colpali", "plain", [5.0] + [4.0] * 9, [5.0] + [4.4] * 9)]  # 10%
+    noise = timing.run_noise(pairs)
+    assert abs(noise.of("pylate", "grad-checkpoint") - 0.008) < 1e-12
+    assert abs(noise.of("colpali", "plain") - 0.1) < 1e-12
+    assert noise.of("pylate", "gradcache") == noise.widest == noise.of("colpali", "plain")  # no repeat: the widest
+    empty = timing.run_noise([])
+    assert empty.widest is None and empty.of("pylate", "plain") is None

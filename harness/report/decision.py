@@ -113,17 +113,19 @@ class TimedBatch:
     batch: int
     seconds: dict[str, float]  # backend → median steady s/step
     against_vanilla: dict[str, timing.Ratio]  # backend → vanilla's median over its (above 1: faster)
+    noise: float | None = None  # how far a second run moved this regime's medians (timing.RunNoise)
 
 
-def timed_batch(cells: pd.DataFrame, stack: str, regime: str,
-                cards: Sequence[str] = ("h100-80gb", "native")) -> TimedBatch | None:  # fmt: skip
+def timed_batch(cells: pd.DataFrame, stack: str, regime: str, cards: Sequence[str] = ("h100-80gb", "native"),
+                noise: timing.RunNoise | None = None) -> TimedBatch | None:  # fmt: skip
     """The batch on the first of ``cards`` that has one where the most backends, vanilla among them,
     have steady step times (the largest such batch); None where no card has vanilla and another
-    backend timed at one batch."""
+    backend timed at one batch. With ``noise`` (the repeats), a ratio within its regime's run-to-run
+    noise is said as no difference."""
     for card in cards:
         found = _timed_on(cells, stack, regime, card)
         if found is not None:
-            return found
+            return found if noise is None else dataclasses.replace(found, noise=noise.of(stack, regime))
     return None
 
 
@@ -152,7 +154,7 @@ def time_words(found: TimedBatch | None) -> str:
     if found is None:
         return "No batch of this regime has been timed alone for vanilla and a fused backend yet."
     parts = [f"vanilla {sig(found.seconds['vanilla'])} s"]
-    parts += [f"{backend} {sig(seconds)} s, {timing.ratio_words(found.against_vanilla[backend])}"
+    parts += [f"{backend} {sig(seconds)} s, {timing.ratio_words(found.against_vanilla[backend], noise=found.noise)}"
               for backend, seconds in found.seconds.items() if backend != "vanilla"]  # fmt: skip
     return (f"Step time at B={found.batch} on the {card_short(found.card)} card (median of the steady steps, each "
             f"cell alone on an H200; speed against vanilla with its 95% interval): " + "; ".join(parts) + ".")
@@ -212,7 +214,8 @@ def _names(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
-def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regime: str) -> str:
+def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regime: str,
+           noise: timing.RunNoise | None = None) -> str:
     """What to use for one regime, in one sentence computed from the finished searches and the timed
     cells: which backends train the largest batch on the cards whose searches have all finished, by
     how much against vanilla, and whether that costs step time."""
@@ -256,9 +259,9 @@ def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regim
     for backend, where, missing in _matching_where_settled(rows, decided, winners_per_card, everywhere):
         text += (f"; {backend} trains the same batch as {_names(everywhere)} on {_names(where)}, "
                  f"where its search has settled; {unsettled_words(rows, backend, missing)}")  # fmt: skip
-    found = timed_batch(cells, stack, regime)
+    found = timed_batch(cells, stack, regime, noise=noise)
     if found is not None and everywhere and "vanilla" not in everywhere:
-        speeds = [f"{backend} {timing.ratio_words(found.against_vanilla[backend])}"
+        speeds = [f"{backend} {timing.ratio_words(found.against_vanilla[backend], noise=found.noise)}"
                   for backend in everywhere if backend in found.against_vanilla]  # fmt: skip
         if speeds:
             text += f". At B={found.batch} on {card_short(found.card)}, against vanilla's step time: {'; '.join(speeds)}"

@@ -785,9 +785,10 @@ def ceiling_reach(searches: Sequence[SearchRow], stack: str, regime: str, alloca
     return lines
 
 
-def speed_ratios(cells: pd.DataFrame, fused: str = "lik", from_batch: int = 64) -> str:
+def speed_ratios(cells: pd.DataFrame, fused: str = "lik", from_batch: int = 64, noise: float | None = None) -> str:
     """A fused backend's steady step speed relative to vanilla over every batch and card both trained
-    and were timed under the timing rule, in words."""
+    and were timed under the timing rule, in words; with ``noise`` (the regime's run-to-run noise,
+    :class:`harness.report.timing.RunNoise`), a ratio within it is not named as a difference."""
     if cells.empty:
         return ""
     ok = timed(cells)
@@ -811,10 +812,14 @@ def speed_ratios(cells: pd.DataFrame, fused: str = "lik", from_batch: int = 64) 
         text += f" ({span(large)} from B={from_batch} up)"
     times = ok.set_index(["card", "batch_size", "backend"])["steady_times_sec"]
     intervals = {key: timing.ratio(times[(*key, "vanilla")], times[(*key, fused)]) for key in ratio.index}
-    measurable = [f"B={batch}: {timing.ratio_words(value)}" for (_, batch), value in intervals.items() if value.measurable]
+    beyond = {key: value for key, value in intervals.items()
+              if value.measurable and (noise is None or abs(value.value - 1) > noise)}  # fmt: skip
+    measurable = [f"B={batch}: {timing.ratio_words(value)}" for (_, batch), value in beyond.items()]
+    within = "" if noise is None else f" or lies within the run-to-run noise ({100 * noise:.1f}%)"
     if not measurable:
-        return text + "; every pair's 95% interval holds 1: no measurable difference"
-    return text + "; measurable where the 95% interval excludes 1 — " + ", ".join(measurable)
+        return text + f"; every pair's 95% interval holds 1{within}: no measurable difference"
+    return (text + f"; measurable where the 95% interval excludes 1{' and lies beyond that noise' if within else ''} — "
+            + ", ".join(measurable))  # fmt: skip
 
 
 def fused_failure_places(searches: Sequence[SearchRow]) -> str:

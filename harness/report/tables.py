@@ -144,10 +144,11 @@ def timed(cells: pd.DataFrame) -> pd.DataFrame:
     return cells[(cells["outcome"] == "ok") & cells["times_comparable"].astype(bool) & (cells["n_steady_steps"] > 0)]
 
 
-def step_time_table(cells: pd.DataFrame) -> pd.DataFrame:
+def step_time_table(cells: pd.DataFrame, noise: timing.RunNoise | None = None) -> pd.DataFrame:
     """Steady seconds per step of the cells timed under the timing rule: median with p10–p90,
-    samples/s, the speed relative to vanilla at the same batch with its bootstrap 95% interval,
-    and what autotuning cost (the first step, and later steps that tuned again)."""
+    samples/s, the speed relative to vanilla at the same batch with its bootstrap 95% interval (with
+    ``noise``, the repeats: no difference where within the regime's run-to-run noise), and what
+    autotuning cost (the first step, and later steps that tuned again)."""
     ok = timed(cells)
     if ok.empty:
         return pd.DataFrame()
@@ -157,7 +158,8 @@ def step_time_table(cells: pd.DataFrame) -> pd.DataFrame:
     for _, row in ok.sort_values(["batch_size", "backend"], key=lambda c: c.map(rank) if c.name == "backend" else c).iterrows():
         base = vanilla.get(row["batch_size"])
         speed = "" if row["backend"] == "vanilla" or base is None else timing.ratio_words(
-            timing.ratio(base, row["steady_times_sec"]))
+            timing.ratio(base, row["steady_times_sec"]),
+            noise=None if noise is None else noise.of(str(row["stack"]), str(row["regime"])))
         rows.append({
             "batch": row["batch_size"], "backend": nowrap(row["backend"]),
             "s / step (p10–p90)": nowrap(f"{sig(row['steady_step_time_sec'])} "

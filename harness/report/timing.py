@@ -106,12 +106,19 @@ def autotune(result: CellResult) -> Autotune | None:
     return Autotune(result.step_times_sec[0], retunes, None if steady is None else steady.median)
 
 
-def ratio_words(value: Ratio, faster: str = "faster", slower: str = "slower") -> str:
+def ratio_words(value: Ratio, faster: str = "faster", slower: str = "slower", noise: float | None = None) -> str:
     """``1.31× faster (1.25–1.37)``, ``1.02× slower (1.01–1.03)`` (a speed ratio below 1 is said as
     how many times longer a step takes, its interval inverted with it) or ``no measurable difference
     (0.97–1.04)``; three decimals where two would print a measurable difference as 1.00, or an
-    interval as one number (1.10–1.10)."""
+    interval as one number (1.10–1.10). With ``noise`` (how far a second run moved a cell's median,
+    :class:`RunNoise`), a measurable ratio no farther from 1 than that is called no difference too:
+    ``no difference beyond run-to-run noise (1.005× slower; a second run moved medians up to 0.8%)``."""
     word = faster if value.value > 1 else slower
+    if noise is not None and value.measurable and abs(value.value - 1) <= noise:
+        shown = value.value if value.value > 1 else 1 / value.value
+        digits = 3 if f"{shown:.2f}" == "1.00" else 2
+        return (f"no difference beyond run-to-run noise ({shown:.{digits}f}× {word}; a second run moved "
+                f"medians up to {100 * noise:.1f}%)")  # fmt: skip
     if value.measurable and value.value < 1:
         value = Ratio(1 / value.value, 1 / value.high, 1 / value.low)
     one_number = value.low != value.high and f"{value.low:.2f}" == f"{value.high:.2f}"
@@ -136,6 +143,30 @@ def repeat_gaps(pairs: Sequence[tuple[CellResult, CellResult]]) -> list[tuple[Ce
         if one is not None and two is not None:
             gaps.append((first, one, two, repeat_gap(one, two)))
     return gaps
+
+
+@dataclasses.dataclass(frozen=True)
+class RunNoise:
+    """How far a second run of a cell moved its median step time (the repeat grid), per stack and regime,
+    and the widest over all: a speed ratio no farther from 1 than that could be changed by running its
+    cells again, however narrow its within-run interval, so it is called no difference."""
+
+    by_regime: dict[tuple[str, str], float]
+    widest: float | None
+
+    def of(self, stack: str, regime: str) -> float | None:
+        """The widest repeat gap of ``stack`` and ``regime``; of all repeats where that regime has none
+        (None without any repeat)."""
+        return self.by_regime.get((stack, regime), self.widest)
+
+
+def run_noise(pairs: Sequence[tuple[CellResult, CellResult]]) -> RunNoise:
+    """:class:`RunNoise` from the repeated cells whose times may both be published (:func:`repeat_gaps`)."""
+    by_regime: dict[tuple[str, str], float] = {}
+    for first, _, _, gap in repeat_gaps(pairs):
+        key = (first.stack, first.regime)
+        by_regime[key] = max(by_regime.get(key, 0.0), gap)
+    return RunNoise(by_regime, max(by_regime.values(), default=None))
 
 
 PINNED_MIN_CELLS = 4  # cells per stack the pinned check needs before it can vouch for that stack
