@@ -87,3 +87,9 @@ def test_run_noise_is_the_widest_repeat_gap_per_regime_and_over_all():
     assert noise.of("pylate", "gradcache") == noise.widest == noise.of("colpali", "plain")  # no repeat: the widest
     empty = timing.run_noise([])
     assert empty.widest is None and empty.of("pylate", "plain") is None
+
+
+def test_a_table_says_a_ratio_within_noise_in_a_few_words():
+    small = timing.Ratio(1 / 1.004, 1 / 1.007, 1 / 1.002)
+    assert timing.ratio_words(small, noise=0.008, compact=True) == "no difference (1.004× slower, in ±0.8% noise)"
+    assert timing.ratio_words(small, compact=True) == "1.004× slower (1.002–1.007)"  # no noise given: as before

@@ -159,7 +159,7 @@ def step_time_table(cells: pd.DataFrame, noise: timing.RunNoise | None = None) -
         base = vanilla.get(row["batch_size"])
         speed = "" if row["backend"] == "vanilla" or base is None else timing.ratio_words(
             timing.ratio(base, row["steady_times_sec"]),
-            noise=None if noise is None else noise.of(str(row["stack"]), str(row["regime"])))
+            noise=None if noise is None else noise.of(str(row["stack"]), str(row["regime"])), compact=True)
         rows.append({
             "batch": row["batch_size"], "backend": nowrap(row["backend"]),
             "s / step (p10–p90)": nowrap(f"{sig(row['steady_step_time_sec'])} "

@@ -106,17 +106,21 @@ def autotune(result: CellResult) -> Autotune | None:
     return Autotune(result.step_times_sec[0], retunes, None if steady is None else steady.median)
 
 
-def ratio_words(value: Ratio, faster: str = "faster", slower: str = "slower", noise: float | None = None) -> str:
+def ratio_words(value: Ratio, faster: str = "faster", slower: str = "slower", noise: float | None = None,
+                compact: bool = False) -> str:
     """``1.31× faster (1.25–1.37)``, ``1.02× slower (1.01–1.03)`` (a speed ratio below 1 is said as
     how many times longer a step takes, its interval inverted with it) or ``no measurable difference
     (0.97–1.04)``; three decimals where two would print a measurable difference as 1.00, or an
     interval as one number (1.10–1.10). With ``noise`` (how far a second run moved a cell's median,
     :class:`RunNoise`), a measurable ratio no farther from 1 than that is called no difference too:
-    ``no difference beyond run-to-run noise (1.005× slower; a second run moved medians up to 0.8%)``."""
+    ``no difference beyond run-to-run noise (1.005× slower; a second run moved medians up to 0.8%)``, or
+    with ``compact`` (a table's column) ``no difference (1.005× slower, in ±0.8% noise)``."""
     word = faster if value.value > 1 else slower
     if noise is not None and value.measurable and abs(value.value - 1) <= noise:
         shown = value.value if value.value > 1 else 1 / value.value
         digits = 3 if f"{shown:.2f}" == "1.00" else 2
+        if compact:
+            return f"no difference ({shown:.{digits}f}× {word}, in ±{100 * noise:.1f}% noise)"
         return (f"no difference beyond run-to-run noise ({shown:.{digits}f}× {word}; a second run moved "
                 f"medians up to {100 * noise:.1f}%)")  # fmt: skip
     if value.measurable and value.value < 1:
