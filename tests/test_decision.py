@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from harness.report import data, decision
+from harness.report.text import card_short
 from harness.search import Ceiling, CeilingSearch
 
 
@@ -36,7 +37,7 @@ def test_a_recommendation_names_only_cards_whose_searches_have_settled():
                row("flash", "rtx4090-24gb", 352, 384)]  # fmt: skip
     text = decision.advice(settled, pd.DataFrame(), "pylate", "grad-checkpoint")
     assert text.startswith("On 24 GB, where the searches have settled, lik and flash train the largest batch: "
-                           "352 against 224 on 24 GB (1.57×)")  # fmt: skip
+                           "352 against 224 on 24 GB, 1.57×")  # fmt: skip
     # a search still running whose range reaches above the best: that card is not settled
     running = [*settled, row("vanilla + chunk 64", "rtx4090-24gb", 352, 416, done=False)]
     assert decision.advice(running, pd.DataFrame(), "pylate", "grad-checkpoint").startswith("No card has its searches settled")
@@ -51,13 +52,13 @@ def test_a_recommendation_names_only_cards_whose_searches_have_settled():
             row("flash", "h100-80gb", 640, 704)]  # fmt: skip
     text = decision.advice(tied, pd.DataFrame(), "pylate", "grad-checkpoint")
     assert text.startswith("On 24 GB and 80 GB, where the searches have settled, lik and flash train the largest batch: "
-                           "352 against 224 on 24 GB (1.57×); on 80 GB vanilla trains the same batch (640).")  # fmt: skip
+                           "352 against 224 on 24 GB, 1.57×; on 80 GB vanilla trains the same batch (640).")  # fmt: skip
     # a backend that ties the winner wherever its own search settled, but has none on another card: said
     unsearched = [*settled, row("vanilla", "h100-80gb", 640, 672), row("lik", "h100-80gb", 1280, 1344),
                   row("flash", "h100-80gb", None, None, done=False, probes=0)]  # fmt: skip
     text = decision.advice(unsearched, pd.DataFrame(), "pylate", "grad-checkpoint")
     assert text.startswith("On 24 GB and 80 GB, where the searches have settled, lik trains the largest batch: "
-                           "352 against 224 on 24 GB (1.57×); 1280 against 640 on 80 GB (2.00×); flash trains the same "
+                           "352 against 224 on 24 GB, 1.57×; 1280 against 640 on 80 GB, 2.00×; flash trains the same "
                            "batch as lik on 24 GB, where its search has settled; on 80 GB its search has not run.")  # fmt: skip
     # a search not run is said to be not run, one under way to be searching, with its range
     running = [*unsearched[:-1], row("flash", "h100-80gb", 1216, 1280, done=False)]
@@ -84,7 +85,7 @@ def test_the_committed_recommendations_follow_the_committed_ceilings(committed):
             best = max(r.settled or 0 for r in mine if r.card == card)
             vanilla = next(r for r in mine if r.card == card and r.backend == "vanilla")
             if best > (vanilla.settled or 0):  # the sentence names the gain over vanilla on that card
-                assert f"{best} against {vanilla.settled} on" in text
+                assert f"{best} against {vanilla.settled} on {card_short(card)}, {best / vanilla.settled:.2f}×" in text
         table = decision.decision_table(searches, stack, regime)
         for r in mine:  # every entry of the table is its search's state, marked while it runs
             value = table.set_index("backend").loc[r.backend.replace(" ", "\u00a0"), decision.card_column(r.card)]

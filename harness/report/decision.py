@@ -238,8 +238,8 @@ def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regim
         base = next((row for row in rows if row.card == card and row.backend == "vanilla"), None)
         best_row = next(row for row in rows if row.card == card and row.backend == winners_per_card[card][0])
         if base is not None and base.settled and best_row.settled and best_row.backend != "vanilla":
-            gains.append(f"{best_row.settled} against {base.settled} on {card_short(card)} "
-                         f"({best_row.settled / base.settled:.2f}×)")  # fmt: skip
+            gains.append(f"{best_row.settled} against {base.settled} on {card_short(card)}, "
+                         f"{best_row.settled / base.settled:.2f}×")  # fmt: skip
     cards = _names([card_short(card) for card in decided])
     if everywhere:
         verb = "trains" if len(everywhere) == 1 else "train"
