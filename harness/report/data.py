@@ -448,6 +448,11 @@ def repeats(source: Source = None) -> list[tuple[CellResult, CellResult]]:
     return pairs
 
 
+def run_noise(source: Source = None) -> timing.RunNoise:
+    """How far a second run moved a cell's median step time, per stack and regime, from :func:`repeats`."""
+    return timing.run_noise(repeats(source))
+
+
 def lik_spike(path: Path = LIK_SPIKE) -> list[dict[str, object]]:
     """The lik backward-spike experiments (:data:`LIK_SPIKE`), one dict each: the experiment, the
     batch, the first and repeated backward spikes (MiB), the kernels that autotuned inside the

@@ -23,7 +23,7 @@ from matplotlib.ticker import MaxNLocator
 from harness.grid import GridCell, load_grid
 from harness.report import style
 from harness.report.data import GIB_PER_MIB, LONG_RUN, Results, SearchRow, backend_label, find_search
-from harness.report.text import card_short, signed
+from harness.report.text import STACK_NAMES, card_short, signed
 from harness.results import CellResult, Progress, load_progress
 from harness.spec import TrainSpec
 
@@ -71,7 +71,7 @@ class LongRun:
         """The run in words: 'ColQwen2 vanilla at B = 120 on 80 GB, expandable segments'."""
         spec = self.cell.spec
         allocator = ", expandable segments" if spec.allocator == "expandable" else ""
-        stack = {"colpali": "ColQwen2", "pylate": "PyLate"}.get(spec.stack, spec.stack)
+        stack = STACK_NAMES.get(spec.stack, spec.stack)
         return f"{stack} {self.backend} at B = {spec.batch_size} on {card_short(spec.card)}{allocator}"
 
     @property

@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from harness import op_bytes
 from harness.grid import load_grid
 from harness.report import data, style, tables, timing
-from harness.report.text import card_short, cards_in_order, nowrap
+from harness.report.text import STACK_NAMES, card_short, cards_in_order, nowrap
 from harness.results import CellResult
 from harness.spec import CARDS, GRADCACHE, GRADCACHE_MINI_BATCH, TrainSpec
 
@@ -41,7 +41,6 @@ GIB_MIB = 1024.0
 WORLDS = (1, 2, 4, 8)
 PREDICTED_BATCHES = (1024, 4096, 16384)
 GATHER_CARD = "h100-80gb"
-STACK_NAMES = {"colpali": "ColQwen2", "pylate": "PyLate"}
 MULTI_GPU_GRID = Path(__file__).resolve().parents[2] / "grids" / "multi-gpu.yaml"
 
 

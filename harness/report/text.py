@@ -113,6 +113,8 @@ def card_short(name: str) -> str:
     return f"{profile.nominal_gb} GB" + (" (whole H200)" if profile.usable_gib is None else "")
 
 
+STACK_NAMES = {"colpali": "ColQwen2", "pylate": "PyLate"}  # a stack as the pages name it
+
 MINUS = "\u2212"  # a true minus sign: a hyphen before a figure reads as a dash in a table
 
 

@@ -116,15 +116,15 @@ def ratio_words(value: Ratio, faster: str = "faster", slower: str = "slower", no
     ``no difference beyond run-to-run noise (1.005× slower; a second run moved medians up to 0.8%)``, or
     with ``compact`` (a table's column) ``no difference (1.005× slower, in ±0.8% noise)``."""
     word = faster if value.value > 1 else slower
-    if noise is not None and value.measurable and abs(value.value - 1) <= noise:
-        shown = value.value if value.value > 1 else 1 / value.value
-        digits = 3 if f"{shown:.2f}" == "1.00" else 2
-        if compact:
-            return f"no difference ({shown:.{digits}f}× {word}, in ±{100 * noise:.1f}% noise)"
-        return (f"no difference beyond run-to-run noise ({shown:.{digits}f}× {word}; a second run moved "
-                f"medians up to {100 * noise:.1f}%)")  # fmt: skip
+    within_noise = noise is not None and value.measurable and abs(value.value - 1) <= noise
     if value.measurable and value.value < 1:
         value = Ratio(1 / value.value, 1 / value.high, 1 / value.low)
+    if within_noise:
+        assert noise is not None
+        shown = f"{value.value:.{3 if f'{value.value:.2f}' == '1.00' else 2}f}× {word}"
+        if compact:
+            return f"no difference ({shown}, in ±{100 * noise:.1f}% noise)"
+        return f"no difference beyond run-to-run noise ({shown}; a second run moved medians up to {100 * noise:.1f}%)"
     one_number = value.low != value.high and f"{value.low:.2f}" == f"{value.high:.2f}"
     digits = 3 if f"{value.value:.2f}" == "1.00" or one_number else 2
     interval = f"{value.low:.{digits}f}–{value.high:.{digits}f}"
