@@ -132,6 +132,10 @@ def _stream_outputs(outputs: list[Any], failed: bool) -> list[Any]:
     return kept
 
 
+def _shows_a_table(cell: Any) -> bool:
+    return any(output.get("output_type") == "execute_result" for output in cell.get("outputs", []))
+
+
 def title(result: CellResult) -> str:
     """The launcher's title of an executed notebook: ``<spec title> — <outcome>``."""
     return f"{result.spec.title} — {result.outcome}"
@@ -147,11 +151,14 @@ def header_markdown(result: CellResult, result_file: str) -> str:
     shown = {name.replace(" per query", ""): fields[name] for name in HEADER_COLUMNS if name in fields}
     head = "| " + " | ".join(shown) + " |\n|" + "---|" * len(shown) + "\n| " + " | ".join(shown.values()) + " |"
     rest = "; ".join(f"{name} {value}" for name, value in fields.items() if name not in (*HEADER_COLUMNS, "grid", "cell id"))
+    crashed = ""
+    if result.outcome == "crashed" and result.oom_message:
+        crashed = f"\n\nThe run crashed: {result.oom_message}. The last lines of its log are kept in the result file."
     return (
         f"{head}\n\n"
         f"Grid `{fields['grid']}`, cell `{fields['cell id']}`; {rest}. The tables below are rendered from this cell's "
         f"result file, `{result_file}`, by `{COMMAND}` (the display code of `harness/display.py`); the code cells "
-        f"are as papermill ran them."
+        f"are as papermill ran them.{crashed}"
     )
 
 
@@ -168,7 +175,9 @@ def refresh_notebook(notebook: Any, result: CellResult, result_file: str) -> Any
     else:
         cells.insert(0, nbformat.v4.new_markdown_cell(f"# {title(result)}"))
     calls = [display_call(cell.source) if cell.cell_type == "code" else None for cell in cells]
-    shows_header = any(call is not None and call[0] == "header" for call in calls)
+    # the notebook shows header(result) itself only where that cell ran (a kernel that died before it did not)
+    shows_header = any(call is not None and call[0] == "header" and _shows_a_table(cell)
+                       for cell, call in zip(cells, calls, strict=True))  # fmt: skip
     for cell, call in zip(cells, calls, strict=True):
         if cell.cell_type != "code":
             continue

@@ -60,11 +60,12 @@ def environment_stamp(prefix: Path | None = None) -> dict[str, str]:
     return {key: str(value) for key, value in document.items() if key in ("environment", "lock_file", "lock_sha256")}
 
 
-def collect(notebook: Path | None = None) -> Provenance:
-    """The provenance of a cell run now from this checkout (``notebook``: the notebook that ran it)."""
+def collect(notebook: Path | None = None, prefix: Path | None = None) -> Provenance:
+    """The provenance of a cell run now from this checkout (``notebook``: the notebook that ran it;
+    ``prefix``: the environment it ran in, by default this process's)."""
     commit, dirty = checkout()
     notebook_path = None if notebook is None else (notebook if notebook.is_absolute() else ROOT / notebook)
-    stamp = environment_stamp()
+    stamp = environment_stamp(prefix)
     return Provenance(
         commit=commit,
         dirty=dirty,

@@ -112,6 +112,7 @@ class Ceiling:
     fails: int | None = None  # smallest batch where a seed ran out of memory
     next_batch: int | None = None  # the batch still to decide (None: the search is over)
     stopped: str | None = None  # why it stopped early (a crashed probe)
+    crashed: str | None = None  # the crashed probe that stopped it (its cell id), at ``next_batch``
 
     @property
     def done(self) -> bool:
@@ -265,7 +266,7 @@ def search_state(search: CeilingSearch, results: Path | Probes, rerun_crashed: b
             f"resolution or limit changed after they ran; restore them, or move those results away."
         )
     if pending.get("crashed"):
-        ceiling.stopped = f"probe {pending['crashed']} crashed"
+        ceiling.stopped, ceiling.crashed = f"probe {pending['crashed']} crashed", pending["crashed"]
         return ceiling, None
     return ceiling, pending.get("plan") if not ceiling.done else None
 

@@ -16,7 +16,7 @@ from harness.grid import GridCell, GridError
 from harness.orchestrate import ceiling as orchestrate
 from harness.orchestrate import pool
 from harness.orchestrate.launcher import CellRun, Layout
-from harness.report import data, plots, prose, tables, text
+from harness.report import data, decision, plots, prose, tables, text
 from harness.results import CellResult, load_result, write_result
 from harness.search import Ceiling, CeilingSearch, ProbeMismatch, Probes, describe, load_searches, plan_search, search_state
 from harness.search import walk as walk_search
@@ -283,6 +283,7 @@ def test_a_crashed_probe_stops_its_search(layout, monkeypatch):
     s = search()
     result = run_search(s, layout)
     assert result.stopped == "probe pylate-grad-checkpoint-b512-vanilla-h100-80gb crashed" and result.fits == 256
+    assert (result.crashed, result.next_batch) == ("pylate-grad-checkpoint-b512-vanilla-h100-80gb", 512)
     assert describe(s, result) == f"pylate-grad-checkpoint-vanilla-h100-80gb: stopped, {result.stopped}"
 
 
@@ -449,6 +450,11 @@ def test_the_gains_over_vanilla_are_stated_only_for_finished_searches(tmp_path, 
     row = data.find_search(rows, "pylate", "grad-checkpoint", "vanilla", "h100-80gb")
     stopped = dataclasses.replace(row, ceiling=dataclasses.replace(row.ceiling, stopped="probe x crashed"))
     assert stopped.settled is None and text.ceiling_text(stopped) == "stopped (probe x crashed)"
+    # stopped by a crashed probe: what trained, and where it crashed; a decision table marks it unfinished
+    at_1088 = dataclasses.replace(row.ceiling, stopped="probe x crashed", crashed="x", next_batch=1088)
+    crashed = dataclasses.replace(row, ceiling=at_1088)
+    assert crashed.settled is None and text.ceiling_text(crashed) == f"≥ {row.fits} (the probe at 1088 crashed)"
+    assert decision.entry(crashed) == f"≥\u00a0{row.fits}*"
 
 
 def test_each_seed_of_a_probed_batch_is_read_out(layout, monkeypatch):

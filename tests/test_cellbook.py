@@ -14,6 +14,7 @@ import pytest
 
 from harness import cellbook, display
 from harness.report import data
+from harness.results import CellResult
 
 ROOT = Path(__file__).resolve().parent.parent
 CELLS = ROOT / "book" / "cells"
@@ -233,3 +234,21 @@ def test_refresh_leaves_a_notebook_without_result_alone(tmp_path, results):
     done = cellbook.refresh(tmp_path / "cells", results)
     assert done.changed == [] and len(done.unmatched) == 1
     assert (cells / "no-such-cell.ipynb").read_bytes() == before
+
+
+def test_a_notebook_whose_kernel_died_before_its_header_gets_one_that_says_why(results):
+    # a colpali notebook shows header(result) at the end of its measurement cell; a kernel that died
+    # mid-cell left that cell only its stream lines, so the refresh adds the header cell, crash included
+    path = next(p for p in COMMITTED_NOTEBOOKS
+                if "/colpali/" in str(p) and "— ok" in (text := p.read_text()) and "header(result)" in text)
+    notebook = nbformat.read(path, as_version=4)
+    (runs,) = [c for c in notebook.cells if c.cell_type == "code" and "header(result)" in c.source]
+    runs.outputs = [nbformat.v4.new_output("stream", name="stdout", text="Configurating PEFT model\n")]
+    ran, result_file = _result_of(path, CELLS, results)
+    why = "the kernel stopped in the middle of a cell: Fatal Python error: Segmentation fault"
+    crashed = CellResult.crashed(ran.spec, ran.grid, "kernel_died", "…", 53.5, why)
+    refreshed = cellbook.refresh_notebook(notebook, crashed, result_file)
+    (header,) = [c for c in refreshed.cells if cellbook.HEADER_TAG in c.metadata.get("tags", [])]
+    assert "| crashed (kernel died) |" in header.source
+    assert header.source.endswith(f"The run crashed: {why}. The last lines of its log are kept in the result file.")
+    assert refreshed.cells[0].source.startswith(f"# {ran.spec.title} — crashed")

@@ -59,8 +59,17 @@ def test_every_planned_long_run_is_listed_with_how_it_ended(tmp_path):
     text = longrun.reading(runs)
     assert text.startswith("1 of the 2 long runs that ended trained every step at their batch")
     assert "ColQwen2 lik at B = 160 on 80 GB ran out of memory after 12 of 20 steps, so its 8-step ceiling" in text
-    assert "512 MiB (ColQwen2 vanilla at B = 120 on 80 GB)" in text and "1 more have not run yet" in text
+    assert "512 MiB (ColQwen2 vanilla at B = 120 on 80 GB)" in text and "1 more has not run yet" in text
     assert longrun.plot(runs) is not None
+
+
+def test_a_single_long_run_that_ended_is_named_not_counted(tmp_path):
+    grid, results = write_runs(tmp_path)
+    first, _, planned = longrun.long_runs(results, grid)
+    flat = first.result.model_copy(update={"step_peak_reserved_per_step_mib": [1000.0] * 20})
+    assert longrun.reading([dataclasses.replace(first, result=flat), planned]) == (
+        "ColQwen2 vanilla at B = 120 on 80 GB trained all 20 of its steps; it reserved no more after step 8 than "
+        "within the first 8 steps; 1 more has not run yet.")  # fmt: skip
 
 
 def test_the_committed_long_run_grid_reads_with_or_without_results():

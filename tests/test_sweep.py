@@ -45,9 +45,9 @@ def notebook_variant(folder: Path, name: str, source: str, base: str = "pylate")
 
 
 FAILING = """
-import os
+import faulthandler
 if batch == 3:
-    os._exit(1)  # the kernel dies in the middle of a cell
+    faulthandler._sigsegv()  # the kernel dies of a segmentation fault in the middle of a cell
 if batch == 5:
     raise RuntimeError("this cell fails on purpose")
 """
@@ -86,6 +86,10 @@ def write_grid(path: Path, cells: list[dict], name: str = "tiny", defaults: dict
     return path
 
 
+def ok_provenance_of(path: Path):
+    return load_result(path).provenance
+
+
 def pylate_cells(batches: list[int]) -> list[dict]:
     return [{"stack": "pylate", "regime": "plain", "batch_size": batches, "variant": "vanilla"}]
 
@@ -120,6 +124,10 @@ def test_a_sweep_sets_aside_a_broken_result_survives_failing_kernels_and_resumes
     died, raised = load_result(path[3]), load_result(path[5])
     assert (died.outcome, died.failure, died.grid, died.cell_id, died.spec) == (
         "crashed", "kernel_died", "tiny", "pylate-plain-b3-vanilla-native", cells[1].spec)  # fmt: skip
+    # the kernel's fault handler reported the signal into the cell's log, and the marker names it
+    why = "the kernel stopped in the middle of a cell: Fatal Python error: Segmentation fault, in File "
+    assert died.oom_message.startswith(why)
+    assert died.provenance.harness_sha256 == ok_provenance_of(path[2]).harness_sha256 and died.provenance.notebook_sha256
     assert (raised.outcome, raised.failure) == ("crashed", "error")
     assert raised.oom_message == "RuntimeError: this cell fails on purpose"
     assert "this cell fails on purpose" in raised.crash_log_tail
@@ -596,3 +604,16 @@ def test_the_sweep_command_refuses_a_bad_share_budget_before_running_anything(tm
     assert cli.main(["sweep", str(grid), "--share-gpu", "half", "--results-dir", str(tmp_path / "r")]) == 2
     assert "GiB or nothing" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_dead_kernels_fatal_report_is_read_from_its_log(tmp_path):
+    log = tmp_path / "cell.log"
+    log.write_text("Executing notebook with kernel: maxsim-colpali\n"
+                   "Fatal Python error: Aborted\n\nThread 0x00007f01 (most recent call first):\n"
+                   '  File "/x/threading.py", line 331 in wait\n\n'
+                   "Current thread 0x00007f02 (most recent call first):\n"
+                   '  File "/x/forward.py", line 88 in launch\n  File "/x/autograd.py", line 12 in forward\n\n'
+                   "Extension modules: numpy\nKernel died while waiting for execute reply.\n")  # fmt: skip
+    assert launcher.fatal_report(log) == 'Fatal Python error: Aborted, in File "/x/forward.py", line 88 in launch'
+    log.write_text("Executing notebook with kernel: maxsim-colpali\nKernel died while waiting for execute reply.\n")
+    assert launcher.fatal_report(log) == "no fatal-signal report in its log (it exited, or was killed outright, as by SIGKILL)"

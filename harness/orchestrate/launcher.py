@@ -5,7 +5,10 @@ here (outcome ``crashed``) whose ``failure`` says why, read from the executed no
 records each cell's status and any error's name there — never grepped from log text:
 ``kernel_never_started`` (no code cell ran: started again, up to twice), ``device_out_of_memory``
 (the cell raised :class:`harness.cell.DeviceOutOfMemory`: beside other cells the device, not the
-card's cap, ran out), ``error`` (the notebook raised) or ``kernel_died`` (it stopped mid-cell).
+card's cap, ran out), ``error`` (the notebook raised) or ``kernel_died`` (it stopped mid-cell). Every
+kernel runs with Python's fault handler on, so a kernel killed by a fatal signal (a segmentation
+fault in a kernel library, an abort) leaves its report in the cell's log; a ``kernel_died`` marker's
+message names the signal and the innermost Python frame from it, or says that the log holds none.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Literal
 import nbformat
 import yaml
 
-from harness import allocator, host
+from harness import allocator, host, provenance
 from harness.grid import GridCell
 from harness.orchestrate.pool import Gate, cell_environment
 from harness.results import CellResult, Failure, ResultError, load_result, write_result
@@ -104,6 +107,12 @@ def set_aside(path: Path) -> Path:
     return target
 
 
+def kernel_prefix(kernel: str) -> Path | None:
+    """The environment of this checkout that holds Jupyter kernel ``kernel`` (None: none of them)."""
+    environments = sorted((ROOT / ".venvs").glob("*"))
+    return next((env for env in environments if (env / "share" / "jupyter" / "kernels" / kernel).is_dir()), None)
+
+
 def jupyter_path(base: Mapping[str, str]) -> str:
     """JUPYTER_PATH with this checkout's environments first: their kernels live inside them, so
     two checkouts on one machine never run each other's environments."""
@@ -120,13 +129,15 @@ def launch(cell: GridCell, layout: Layout, gpu: str | None, gate: Gate | None = 
     for path in (result_path, notebook_path, log_path):
         path.parent.mkdir(parents=True, exist_ok=True)
     spec = cell.spec
-    command = [sys.executable, "-m", "papermill", str(ROOT / (cell.notebook or STACKS[spec.stack].notebook)), str(running_path),
-               "-k", cell.kernel or STACKS[spec.stack].kernel, "--cwd", str(ROOT), "--no-progress-bar"]  # fmt: skip
+    notebook, kernel = ROOT / (cell.notebook or STACKS[spec.stack].notebook), cell.kernel or STACKS[spec.stack].kernel
+    command = [sys.executable, "-m", "papermill", str(notebook), str(running_path),
+               "-k", kernel, "--cwd", str(ROOT), "--no-progress-bar"]  # fmt: skip
     parameters = notebook_parameters(spec) | {"output": str(result_path.resolve()), "grid": cell.grid}
     for key, value in parameters.items():
         command += ["-y", yaml.safe_dump({key: value}, default_flow_style=True).strip()]
     env = allocator.environment_for(spec.allocator, cell_environment(gpu, os.environ))
     env["JUPYTER_PATH"] = jupyter_path(env)
+    env["PYTHONFAULTHANDLER"] = "1"  # a fatal signal in the kernel dumps its Python stack into the log
     pinned = gate.cpus if gate is not None else None
     if gate is not None:
         env.update(gate.environment())
@@ -140,6 +151,8 @@ def launch(cell: GridCell, layout: Layout, gpu: str | None, gate: Gate | None = 
             running_path.unlink(missing_ok=True)
             completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
             failure = None if completed.returncode == 0 else notebook_failure(running_path)
+            if failure is not None and failure[0] == "kernel_died":
+                failure = ("kernel_died", f"{failure[1]}: {fatal_report(log_path)}")
             if failure is None or failure[0] != "kernel_never_started" or attempt == KERNEL_START_ATTEMPTS:
                 break
             log.write(f"\nharness: the kernel died before it ran a cell (attempt {attempt}); starting the cell again\n")
@@ -150,6 +163,7 @@ def launch(cell: GridCell, layout: Layout, gpu: str | None, gate: Gate | None = 
     if result is None or (completed.returncode != 0 and result.outcome == "ok"):
         kind, message = failure or ("error", f"the notebook ended without writing a valid result of this cell: {why}")
         marker = CellResult.crashed(spec, cell.grid, kind, log_tail(log_path, lines=40), seconds, message)
+        marker.provenance = provenance.collect(notebook, kernel_prefix(kernel))  # the code that crashed
         write_result(marker, result_path)
         publish_notebook(running_path, notebook_path, f"{spec.title} — crashed")
         return CellRun(cell, "crashed", seconds, gpu or "-", f"{kind}: {message}; log {log_path}", failure=kind)
@@ -195,6 +209,22 @@ def notebook_failure(path: Path) -> tuple[Failure, str | None]:
                 kind: Failure = "device_out_of_memory" if output.get("ename") == "DeviceOutOfMemory" else "error"
                 return kind, f"{output.get('ename')}: {output.get('evalue')}"
     return "kernel_died", "the kernel stopped in the middle of a cell"
+
+
+def fatal_report(log_path: Path) -> str:
+    """What Python's fault handler wrote to a cell's log when its kernel died: the last report's
+    first line and the innermost frame of the thread it names (``Fatal Python error: Segmentation
+    fault, in File "…/forward.py", line 88 in launch``), or that the log holds none (the kernel
+    exited, or was killed by a signal no handler sees, such as SIGKILL)."""
+    lines = log_tail(log_path).splitlines()
+    starts = [index for index, line in enumerate(lines) if line.startswith("Fatal Python error:")]
+    if not starts:
+        return "no fatal-signal report in its log (it exited, or was killed outright, as by SIGKILL)"
+    report = lines[starts[-1]:]
+    # every thread's stack is dumped, the faulting one headed "Current thread" (its innermost frame first)
+    current = next((index for index, line in enumerate(report) if line.startswith("Current thread")), 0)
+    frame = next((line.strip() for line in report[current + 1:] if line.lstrip().startswith("File ")), None)
+    return report[0] if frame is None else f"{report[0]}, in {frame}"
 
 
 def log_tail(log_path: Path, lines: int | None = None, offset: int = 0) -> str:

@@ -67,7 +67,9 @@ def entry(row: SearchRow | None, predicted: int | None = None) -> str:
     if row is None:
         return ""
     text = ceiling_text(row)
-    if not (row.done or row.probes == 0 or row.stopped):
+    if row.stopped:  # still to finish, like a running search; the ceilings page says which probe crashed
+        text = (f"≥ {row.fits}" if row.fits else "stopped") + RUNNING_MARK
+    elif not (row.done or row.probes == 0):
         text = text.replace(" (searching)", "") + RUNNING_MARK
     if predicted is not None and row.settled is None:
         return f"{nowrap(text)}{PREDICTED_BREAK}<i>pred.\u00a0{predicted}</i>"
@@ -195,7 +197,8 @@ def _matching_where_settled(rows: Sequence[SearchRow], decided: Sequence[str], w
 
 def unsettled_words(rows: Sequence[SearchRow], backend: str, cards: Sequence[str]) -> str:
     """Where one backend's search has not settled, by its state: 'on 141 GB (whole H200) its search has not
-    run', 'on 80 GB it is still searching (2304–2431)', 'on 40 GB it stopped (…)' — never 'not settled'
+    run', 'on 80 GB it is still searching (2304–2431)', 'on 141 GB its search stopped: ≥ 288 (the probe at
+    320 crashed)' — never 'not settled'
     for a search that has not started."""
     states: dict[str, list[str]] = {}
     for card in cards:
@@ -203,7 +206,7 @@ def unsettled_words(rows: Sequence[SearchRow], backend: str, cards: Sequence[str
         if row is None or row.probes == 0:
             state = "its search has not run"
         elif row.stopped:
-            state = f"its search {ceiling_text(row)}"
+            state = f"its search stopped: {ceiling_text(row)}"
         else:
             state = f"it is still searching ({ceiling_text(row).removesuffix(' (searching)')})"
         states.setdefault(state, []).append(card_short(card))

@@ -187,7 +187,10 @@ def reading(runs: Sequence[LongRun]) -> str:
                 f"so whether an 8-step ceiling holds over a whole run is not measured here.")  # fmt: skip
     held = [run for run in ran if run.held]
     failed = [run for run in ran if not run.held]
-    sentences = [f"{len(held)} of the {len(ran)} long runs that ended trained every step at their batch"] if ran else []
+    if len(held) == len(ran) == 1:  # one run: named, not counted
+        sentences = [f"{held[0].name} trained all {held[0].cell.spec.steps} of its steps"]
+    else:
+        sentences = [f"{len(held)} of the {len(ran)} long runs that ended trained every step at their batch"] if ran else []
     for run in failed:
         assert run.result is not None
         if run.result.outcome == "oom":
@@ -204,12 +207,15 @@ def reading(runs: Sequence[LongRun]) -> str:
     if measured:
         most_run, most = max(measured, key=lambda pair: pair[1])
         if most <= 0:
-            sentences.append(f"none of them reserved more after step {HORIZON} than within the first {HORIZON} steps")
+            who = "it" if len(measured) == 1 else "none of them"
+            more = "no more" if len(measured) == 1 else "more"
+            sentences.append(f"{who} reserved {more} after step {HORIZON} than within the first {HORIZON} steps")
         else:
             sentences.append(f"the most any reserved after step {HORIZON} beyond its first {HORIZON} steps' largest is "
                              f"{most:.0f} MiB ({most_run.name})")  # fmt: skip
     if len(ran) + len(cut) < len(runs):
-        sentences.append(f"{len(runs) - len(ran) - len(cut)} more have not run yet")
+        left = len(runs) - len(ran) - len(cut)
+        sentences.append(f"{left} more {'has' if left == 1 else 'have'} not run yet")
     text = "; ".join(sentences)
     return text[0].upper() + text[1:] + "."
 

@@ -151,7 +151,12 @@ def cell_words(row: pd.Series, allocated: str = "") -> str:
 
 
 def ceiling_text(row: SearchRow) -> str:
-    """A search's answer in words: '672' (the next probe, 704, failed), '≥ 8192', '< 32', 'running'."""
+    """A search's answer in words: '672' (the next probe, 704, failed), '≥ 8192', '< 32', 'running';
+    a search stopped by a crashed probe (its kernel died: neither fit nor failure) says where:
+    '≥ 288 (the probe at 320 crashed)'."""
+    if row.ceiling.crashed:
+        crashed = f"the probe at {row.ceiling.next_batch} crashed"
+        return f"≥ {row.fits} ({crashed})" if row.fits else crashed
     if row.stopped:
         return f"stopped ({row.stopped})"
     if row.probes == 0:
