@@ -86,10 +86,6 @@ def write_grid(path: Path, cells: list[dict], name: str = "tiny", defaults: dict
     return path
 
 
-def ok_provenance_of(path: Path):
-    return load_result(path).provenance
-
-
 def pylate_cells(batches: list[int]) -> list[dict]:
     return [{"stack": "pylate", "regime": "plain", "batch_size": batches, "variant": "vanilla"}]
 
@@ -127,7 +123,7 @@ def test_a_sweep_sets_aside_a_broken_result_survives_failing_kernels_and_resumes
     # the kernel's fault handler reported the signal into the cell's log, and the marker names it
     why = "the kernel stopped in the middle of a cell: Fatal Python error: Segmentation fault, in File "
     assert died.oom_message.startswith(why)
-    assert died.provenance.harness_sha256 == ok_provenance_of(path[2]).harness_sha256 and died.provenance.notebook_sha256
+    assert died.provenance.harness_sha256 == load_result(path[2]).provenance.harness_sha256 and died.provenance.notebook_sha256
     assert (raised.outcome, raised.failure) == ("crashed", "error")
     assert raised.oom_message == "RuntimeError: this cell fails on purpose"
     assert "this cell fails on purpose" in raised.crash_log_tail

@@ -107,16 +107,20 @@ def set_aside(path: Path) -> Path:
     return target
 
 
+def _jupyter_dirs() -> list[Path]:
+    """The Jupyter data folders of this checkout's environments (``.venvs/<name>/share/jupyter``)."""
+    return [share for share in sorted((ROOT / ".venvs").glob("*/share/jupyter")) if share.is_dir()]
+
+
 def kernel_prefix(kernel: str) -> Path | None:
     """The environment of this checkout that holds Jupyter kernel ``kernel`` (None: none of them)."""
-    environments = sorted((ROOT / ".venvs").glob("*"))
-    return next((env for env in environments if (env / "share" / "jupyter" / "kernels" / kernel).is_dir()), None)
+    return next((share.parent.parent for share in _jupyter_dirs() if (share / "kernels" / kernel).is_dir()), None)
 
 
 def jupyter_path(base: Mapping[str, str]) -> str:
     """JUPYTER_PATH with this checkout's environments first: their kernels live inside them, so
     two checkouts on one machine never run each other's environments."""
-    own = [str(share) for share in sorted((ROOT / ".venvs").glob("*/share/jupyter")) if share.is_dir()]
+    own = [str(share) for share in _jupyter_dirs()]
     return os.pathsep.join([*own, *[part for part in base.get("JUPYTER_PATH", "").split(os.pathsep) if part]])
 
 

@@ -207,9 +207,8 @@ def reading(runs: Sequence[LongRun]) -> str:
     if measured:
         most_run, most = max(measured, key=lambda pair: pair[1])
         if most <= 0:
-            who = "it" if len(measured) == 1 else "none of them"
-            more = "no more" if len(measured) == 1 else "more"
-            sentences.append(f"{who} reserved {more} after step {HORIZON} than within the first {HORIZON} steps")
+            who = "it reserved no more" if len(measured) == 1 else "none of them reserved more"
+            sentences.append(f"{who} after step {HORIZON} than within the first {HORIZON} steps")
         else:
             sentences.append(f"the most any reserved after step {HORIZON} beyond its first {HORIZON} steps' largest is "
                              f"{most:.0f} MiB ({most_run.name})")  # fmt: skip
