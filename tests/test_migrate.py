@@ -181,8 +181,6 @@ def test_every_committed_result_is_schema_2_with_a_known_commit_or_marked_migrat
     for path in paths:
         assert json.loads(path.read_text())["schema_version"] == 2, path
         result = load_result(path)
-        if result.outcome == "crashed" and result.provenance is None:
-            continue  # a crash marker from before markers carried provenance: its probe runs again (--rerun-crashed)
         assert result.provenance is not None, path
         if result.provenance.migrated_from_schema is None:
             assert result.provenance.commit is not None and result.provenance.harness_sha256, path
