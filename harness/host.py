@@ -41,6 +41,46 @@ _tag: str | None = None
 _cell: str | None = None  # the cell this process measures: its other ranks and their launcher are no neighbours
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def oom_kills(root: Path = CGROUP_ROOT, membership: Path = Path("/proc/self/cgroup")) -> int | None:
+    """How many processes of this process's control group (with its descendants) the kernel's
+    out-of-memory killer has killed so far, the group's own limit or the whole host's run out: the
+    ``oom_kill`` count of cgroup v2's ``memory.events`` or of v1's ``memory.oom_control``, in the group
+    ``membership`` names or, inside a container whose cgroup namespace makes its group the root, at the
+    root. None where none can be read (no memory controller, another OS)."""
+    try:
+        entries = [line.split(":", 2) for line in membership.read_text().splitlines() if line.count(":") >= 2]
+    except OSError:
+        entries = []
+    unified = [path for number, controllers, path in entries if number == "0" and not controllers]
+    memory = [path for _, controllers, path in entries if "memory" in controllers.split(",")]
+    candidates = [*(root / path.lstrip("/") / "memory.events" for path in unified), root / "memory.events",
+                  *(root / "memory" / path.lstrip("/") / "memory.oom_control" for path in memory),
+                  root / "memory" / "memory.oom_control"]  # fmt: skip
+    for path in candidates:
+        try:
+            counts = dict(line.split() for line in path.read_text().splitlines() if len(line.split()) == 2)
+        except OSError:
+            continue
+        if counts.get("oom_kill", "").isdigit():
+            return int(counts["oom_kill"])
+    return None
+
+
+def oom_kill_words(before: int | None, after: int | None) -> str:
+    """A crash's note on the host's memory: '; the host's out-of-memory killer killed 1 process of this
+    cell's control group while it ran (oom_kill 0 → 1): the host's memory, not the GPU's, ran out' — ''
+    where it killed none or the count cannot be read. Cells beside it share the group."""
+    if before is None or after is None or after <= before:
+        return ""
+    killed = after - before
+    return (f"; the host's out-of-memory killer killed {killed} process{'es' if killed > 1 else ''} of this cell's "
+            f"control group while it ran (oom_kill {before} → {after}): the host's memory, not the "
+            "GPU's, ran out")  # fmt: skip
+
+
 def registry() -> Path:
     return Path(os.environ.get(HOST_DIR_VARIABLE) or Path(tempfile.gettempdir()) / "maxsim-host.d")
 

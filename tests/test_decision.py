@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pandas as pd
 import pytest
 
-from harness.report import data, decision
+from harness.report import data, decision, text
 from harness.report.text import card_short
 from harness.search import Ceiling, CeilingSearch
 
@@ -30,6 +31,21 @@ def test_entries_mark_running_searches_and_the_table_is_backend_by_card():
     assert table.iloc[1].tolist()[1:] == ["352", "1280–1343*"]
     assert table.iloc[2].tolist()[1:] == ["not\u00a0run", ""]
     assert decision.criterion(rows) == "8 steps on each of seeds 42, 43 and 44"
+
+
+def test_a_ceiling_a_long_run_could_not_train_at_is_marked_and_said():
+    base, fused = row("vanilla", "h100-80gb", 120, 128), row("lik", "h100-80gb", 160, 168)
+    held, out = data.LongRunVerdict(120, 100, 100, "ok"), data.LongRunVerdict(160, 100, 26, "oom")
+    rows = [dataclasses.replace(base, long_run=held), dataclasses.replace(fused, long_run=out)]
+    table = decision.decision_table(rows, "pylate", "grad-checkpoint")
+    assert table["80\u00a0GB"].tolist() == ["120", f"160{decision.LONG_RUN_MARK}"]
+    assert text.ceiling_text(rows[1]) == "160 (a 100-step run ran out of memory at step 27)"
+    assert text.ceiling_text(rows[0]) == "120"  # a long run that held changes nothing of the answer
+    advice = decision.advice(rows, pd.DataFrame(), "pylate", "grad-checkpoint")
+    assert advice.startswith("On 80 GB, where the searches have settled, lik trains the largest batch: 160 against 120")
+    assert advice.endswith(". Over a long run, vanilla's 120 on 80 GB trained all 100 steps; lik's 160 on 80 GB ran out "
+                           "of memory at step 27 of 100, so that 8-step ceiling is not a batch a run can train at.")  # fmt: skip
+    assert decision.long_run_words([base, fused]) == ""  # no long run: nothing said
 
 
 def test_a_recommendation_names_only_cards_whose_searches_have_settled():

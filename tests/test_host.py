@@ -107,3 +107,29 @@ def test_a_timed_cell_trains_until_it_has_its_steady_steps(tmp_path):
     assert result.timing is not None and result.timing.cpus == host.cpu_ranges(CORES)
     assert (result.timing.comparable, result.timing.reason, result.times_comparable) == (False, "timed on the CPU", False)
     assert not (tmp_path / "host").exists() or not os.listdir(tmp_path / "host")  # the cell left the registry
+
+
+def test_the_hosts_oom_kills_are_read_from_the_cgroup_of_either_version(tmp_path):
+    membership = tmp_path / "cgroup"
+    # cgroup v2: the unified hierarchy's group, its memory.events
+    membership.write_text("0::/cells/one\n")
+    group = tmp_path / "fs" / "cells" / "one"
+    group.mkdir(parents=True)
+    (group / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n")
+    assert host.oom_kills(tmp_path / "fs", membership) == 2
+    # cgroup v1 inside a container: the group /proc names is the mount's root
+    membership.write_text("4:memory:/process_api/abc\n3:cpuset:/\n0::/\n")
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    assert host.oom_kills(v1, membership) == 5
+    assert host.oom_kills(tmp_path / "nothing", membership) is None  # no memory controller to read
+    assert host.oom_kills(v1, tmp_path / "no-such-file") == 5  # no membership: the root's group
+
+
+def test_a_crash_says_when_the_hosts_oom_killer_killed_while_it_ran():
+    assert host.oom_kill_words(0, 1) == (
+        "; the host's out-of-memory killer killed 1 process of this cell's control group while it ran "
+        "(oom_kill 0 → 1): the host's memory, not the GPU's, ran out")  # fmt: skip
+    assert "killed 2 processes" in host.oom_kill_words(3, 5)
+    assert host.oom_kill_words(1, 1) == host.oom_kill_words(None, 1) == host.oom_kill_words(0, None) == ""

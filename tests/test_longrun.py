@@ -11,6 +11,7 @@ import pytest
 from harness.grid import load_grid
 from harness.report import data, longrun
 from harness.results import Progress, write_progress, write_result
+from harness.search import CeilingSearch
 from test_results import make_result
 
 GRID = """name: long-run
@@ -31,10 +32,13 @@ def write_runs(tmp_path):
     held = make_result("long-run", stack="colpali", regime="plain", batch_size=120, variant="vanilla", card="h100-80gb",
                        steps=20, step_times_sec=[1.0] * 20, step_peak_reserved_per_step_mib=reserved,
                        step_peak_alloc_per_step_mib=[900.0] * 20)  # fmt: skip
-    # lik: out of memory in its 13th step
+    # lik: out of memory in its 13th step, its cache fragmented: reserved up 300 MiB past the horizon, allocated not
     failed = make_result("long-run", stack="colpali", regime="plain", batch_size=160, variant="lik", card="h100-80gb",
-                         steps=20, outcome="oom", step_times_sec=[1.0] * 12, step_peak_reserved_per_step_mib=[2000.0] * 12,
-                         step_peak_alloc_per_step_mib=[1800.0] * 12)  # fmt: skip
+                         steps=20, outcome="oom", step_times_sec=[1.0] * 12,
+                         step_peak_reserved_per_step_mib=[2000.0] * 8 + [2300.0] * 4, step_peak_alloc_per_step_mib=[1800.0] * 12,
+                         oom_message="CUDA out of memory. Tried to allocate 256.00 MiB. GPU 0 has a total capacity of 139.80 GiB "
+                                     "of which 61.01 GiB is free. Of the allocated memory 1.50 GiB is allocated by PyTorch, "
+                                     "and 512.00 MiB is reserved by PyTorch but unallocated.")  # fmt: skip
     root = tmp_path / "results"
     for result in (held, failed):
         assert result.cell_id in {cell.cell_id for cell in cells}
@@ -53,13 +57,24 @@ def test_every_planned_long_run_is_listed_with_how_it_ended(tmp_path):
     table = longrun.table(runs, searches=[])
     assert list(table["outcome"]) == ["trained every step", "oom at step 13", "not run yet"]
     assert list(table["steps"]) == ["20 of 20", "12 of 20", "0 of 30"]
-    assert list(table["after step 8: reserved / reserved − alloc (MiB)"]) == ["+512 / +512", "0 / 0", ""]
+    assert list(table["after step 8: reserved / reserved − alloc (MiB)"]) == ["+512 / +512", "+300 / +300", ""]
     assert list(table["batch (search's ceiling)"]) == ["120 (no search)", "160 (no search)", "640 (no search)"]
 
     text = longrun.reading(runs)
     assert text.startswith("1 of the 2 long runs that ended trained every step at their batch")
-    assert "ColQwen2 lik at B = 160 on 80 GB ran out of memory after 12 of 20 steps, so its 8-step ceiling" in text
+    assert ("ColQwen2 lik at B = 160 on 80 GB ran out of memory after 12 of 20 steps, so its 8-step ceiling does not "
+            "hold over a run: after step 8 its reserved peak changed +300 MiB while its allocated peak changed 0 MiB, and "
+            "the request that failed (0.25 GiB) found 0.50 GiB reserved but unallocated: the default allocator's cache, "
+            "fragmented, could not serve it;") in text  # fmt: skip
     assert "512 MiB (ColQwen2 vanilla at B = 120 on 80 GB)" in text and "1 more has not run yet" in text
+    # a search whose ceiling is a long run's batch carries how that run ended
+    search = CeilingSearch(stack="colpali", regime="plain", variant="lik", card="h100-80gb", seeds=(42, 43, 44),
+                           start=128, limit=512, resolution=8)  # fmt: skip
+    long = [result for _, result in results.of("long-run")]
+    assert data.long_run_at(search, 160, long) == data.LongRunVerdict(160, 20, 12, "oom")
+    assert data.long_run_at(search, 152, long) is None and data.long_run_at(search, None, long) is None
+    other = search.model_copy(update={"allocator": "expandable"})
+    assert data.long_run_at(other, 160, long) is None  # another allocator is another cell
     assert longrun.plot(runs) is not None
 
 

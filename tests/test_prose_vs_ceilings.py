@@ -4,6 +4,8 @@ fails where another trains, must be what the committed searches say."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
@@ -266,3 +268,21 @@ def test_a_speed_named_on_the_front_page_lies_beyond_its_regimes_run_to_run_nois
         for shown in re.findall(r"(?<!noise \()\b(\d+\.\d+)× (?:faster|slower) \(", text):
             assert found.noise is None or abs(float(shown) - 1) > found.noise - 0.005, (stack, regime, shown, text)
     assert timed >= 3  # ColQwen2 and PyLate's two regimes have vanilla and a fused backend timed at one batch
+
+
+def test_a_search_stopped_by_a_crash_says_why_from_the_probes_marker():
+    stopped = row("lik", "native", 288, None, stack="colpali")
+    stopped = dataclasses.replace(stopped, ceiling=Ceiling(fits=288, next_batch=320, stopped="probe x crashed",
+                                                           crashed="colpali-plain-b320-lik-native"))  # fmt: skip
+    probes = pd.DataFrame([{"cell_id": "colpali-plain-b320-lik-native", "oom_message": "RuntimeError: worker exited"}])
+    assert prose.crash_reading([stopped, row("vanilla", "native", 224, 240)], probes) == (
+        "Stopped by a crash: ColQwen2 lik on 141 GB (whole H200): the probe at 320 crashed (RuntimeError: worker exited). "
+        "`harness ceiling --rerun-crashed` runs such a probe again.")  # fmt: skip
+    assert prose.crash_reading([row("vanilla", "native", 224, 240)], probes) == ""
+
+
+def test_the_committed_crash_reading_names_every_stopped_search(searches):
+    text = prose.crash_reading(searches, data.ceiling_probes(data.read()))
+    stopped = [row for row in searches if row.ceiling.crashed]
+    assert (text == "") == (not stopped)
+    assert all(f"the probe at {row.ceiling.next_batch} crashed" in text for row in stopped)

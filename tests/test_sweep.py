@@ -50,6 +50,11 @@ if batch == 3:
     faulthandler._sigsegv()  # the kernel dies of a segmentation fault in the middle of a cell
 if batch == 5:
     raise RuntimeError("this cell fails on purpose")
+if batch == 7:  # as a dataloader whose worker the host's out-of-memory killer killed
+    try:
+        raise RuntimeError("DataLoader worker (pid 1357) is killed by signal: Killed.")
+    except RuntimeError as error:
+        raise RuntimeError("DataLoader worker (pid(s) 1357) exited unexpectedly") from error
 """
 
 KERNEL = """
@@ -153,6 +158,21 @@ def test_a_sweep_sets_aside_a_broken_result_survives_failing_kernels_and_resumes
     assert os.stat(path[2]).st_mtime_ns == stamp and starts(counter) == 6
 
 
+def test_a_crash_names_its_first_cause_and_the_hosts_oom_killer(tmp_path, monkeypatch):
+    counts = iter([0, 1])  # the host's out-of-memory killer killed one process while the cell ran
+    monkeypatch.setattr(launcher.host, "oom_kills", lambda: next(counts))
+    notebook = notebook_variant(tmp_path, "failing", FAILING)
+    (cell,) = load_grid(write_grid(tmp_path / "tiny.yaml", pylate_cells([7]), notebook=str(notebook)))
+    layout = Layout(tmp_path / "results", tmp_path / "cells")
+    (run,) = run_sweep([cell], layout, echo=lambda line: None)
+    marker = load_result(layout.result_path(cell))
+    assert (run.outcome, marker.failure) == ("crashed", "error")
+    assert marker.oom_message == (
+        "RuntimeError: DataLoader worker (pid(s) 1357) exited unexpectedly, caused by RuntimeError: DataLoader worker "
+        "(pid 1357) is killed by signal: Killed.; the host's out-of-memory killer killed 1 process of this cell's "
+        "control group while it ran (oom_kill 0 → 1): the host's memory, not the GPU's, ran out")  # fmt: skip
+
+
 def test_a_kernel_that_never_runs_a_cell_is_started_again_then_marked(tmp_path, monkeypatch):
     counter = add_kernel(tmp_path, monkeypatch, "stillborn", fails=10**6)
     no_back_off = SimpleNamespace(perf_counter=time.perf_counter, sleep=lambda seconds: None)
@@ -194,6 +214,15 @@ def test_why_a_notebook_failed_is_read_from_papermills_record_in_it(tmp_path):
         "error", "RuntimeError: no")  # fmt: skip
     assert launcher.notebook_failure(executed({"status": "failed", "started": at, "outputs": [starved]})) == (
         "device_out_of_memory", "DeviceOutOfMemory: the device refused 2 GiB")  # fmt: skip
+    # a chained traceback (as IPython colours it): the error and the first exception it was raised from
+    chained = raised | {"evalue": "worker exited", "traceback": [
+        "\x1b[0;31mRuntimeError\x1b[0m: worker killed by signal: Killed.", "",
+        "The above exception was the direct cause of the following exception:", "",
+        "\x1b[0;31mRuntimeError\x1b[0m                              Traceback (most recent call last)",
+        "\x1b[0;31mRuntimeError\x1b[0m: worker exited"]}  # fmt: skip
+    assert launcher.notebook_failure(executed({"status": "failed", "started": at, "outputs": [chained]})) == (
+        "error", "RuntimeError: worker exited, caused by RuntimeError: worker killed by signal: Killed.")  # fmt: skip
+    assert launcher.root_cause(["RuntimeError: no"]) is None
 
 
 def test_op_cells_run_through_the_same_sweep_one_per_gpu_at_once(tmp_path, own_gates):

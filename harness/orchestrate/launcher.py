@@ -5,16 +5,21 @@ here (outcome ``crashed``) whose ``failure`` says why, read from the executed no
 records each cell's status and any error's name there — never grepped from log text:
 ``kernel_never_started`` (no code cell ran: started again, up to twice), ``device_out_of_memory``
 (the cell raised :class:`harness.cell.DeviceOutOfMemory`: beside other cells the device, not the
-card's cap, ran out), ``error`` (the notebook raised) or ``kernel_died`` (it stopped mid-cell). Every
+card's cap, ran out), ``error`` (the notebook raised: its message, and the first exception of a chained
+traceback, such as a dataloader worker's death) or ``kernel_died`` (it stopped mid-cell). Every
 kernel runs with Python's fault handler on, so a kernel killed by a fatal signal (a segmentation
 fault in a kernel library, an abort) leaves its report in the cell's log; a ``kernel_died`` marker's
 message names the signal and the innermost Python frame from it, or says that the log holds none.
+A process the host's out-of-memory killer killed while the cell ran (its control group's count,
+:func:`harness.host.oom_kills`) is said in the marker's message: then the host's memory, not the
+GPU's, ended the cell.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import time
@@ -149,6 +154,7 @@ def launch(cell: GridCell, layout: Layout, gpu: str | None, gate: Gate | None = 
         env[host.PINNED_VARIABLE] = host.cpu_ranges(list(pinned))
         env["OMP_NUM_THREADS"] = str(len(pinned))
     result_path.unlink(missing_ok=True)  # a stale crash marker must not pass for this run's result
+    kills = host.oom_kills()  # the host's OOM killer's count, to tell a cell it killed from one that crashed
     started = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
         for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
@@ -166,6 +172,7 @@ def launch(cell: GridCell, layout: Layout, gpu: str | None, gate: Gate | None = 
     result, why = _own_result_or_why(result_path, cell)
     if result is None or (completed.returncode != 0 and result.outcome == "ok"):
         kind, message = failure or ("error", f"the notebook ended without writing a valid result of this cell: {why}")
+        message = (message or "") + host.oom_kill_words(kills, host.oom_kills())
         marker = CellResult.crashed(spec, cell.grid, kind, log_tail(log_path, lines=40), seconds, message)
         marker.provenance = provenance.collect(notebook, kernel_prefix(kernel))  # the code that crashed
         write_result(marker, result_path)
@@ -211,8 +218,27 @@ def notebook_failure(path: Path) -> tuple[Failure, str | None]:
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
                 kind: Failure = "device_out_of_memory" if output.get("ename") == "DeviceOutOfMemory" else "error"
-                return kind, f"{output.get('ename')}: {output.get('evalue')}"
+                cause = root_cause(output.get("traceback", []))
+                return kind, f"{output.get('ename')}: {output.get('evalue')}" + (f", caused by {cause}" if cause else "")
     return "kernel_died", "the kernel stopped in the middle of a cell"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CHAINED = ("The above exception was the direct cause of the following exception:",
+            "During handling of the above exception, another exception occurred:")  # fmt: skip
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*: \S")  # 'RuntimeError: …' at the start of a line
+
+
+def root_cause(traceback: list[str]) -> str | None:
+    """The first exception of a chained traceback, as its last line reads ('RuntimeError: DataLoader
+    worker (pid 1357) is killed by signal: Killed.'): what the error a notebook shows was raised from.
+    None for a traceback without a chain."""
+    lines = _ANSI.sub("", "\n".join(traceback)).splitlines()
+    first = next((index for index, line in enumerate(lines) if line.strip() in _CHAINED), None)
+    if first is None:
+        return None
+    raised = [line.strip() for line in lines[:first] if _RAISED.match(line)]
+    return raised[-1] if raised else None
 
 
 def fatal_report(log_path: Path) -> str:

@@ -30,7 +30,7 @@ from harness.grid import ROOT, GridError, grid_names, load_grid
 from harness.report import timing
 from harness.results import CellResult, Skipped, default_results_dir, frame_of, read_results
 from harness.search import Ceiling, CeilingSearch, Probes, load_searches, search_state
-from harness.spec import CARDS, TrainSpec
+from harness.spec import CARDS, TrainSpec, differences
 
 PUBLISHED_GRID = "published"  # grids/published.yaml
 REPEAT = "repeat"  # grids/repeat.yaml: published-grid cells run again, for the repeatability of step times
@@ -247,6 +247,42 @@ def probes_of(probes: pd.DataFrame, stack: str, regime: str, batch: int, backend
 
 
 @dataclasses.dataclass(frozen=True)
+class LongRunVerdict:
+    """How a long run (``grids/long-run.yaml``) at a search's ceiling batch ended: it trained
+    ``steps_trained`` of its ``steps`` steps, ending ``outcome`` (``ok``, ``oom`` or ``crashed``)."""
+
+    batch_size: int
+    steps: int
+    steps_trained: int
+    outcome: str
+
+    @property
+    def held(self) -> bool:
+        return self.outcome == "ok" and self.steps_trained >= self.steps
+
+    @property
+    def ran_out(self) -> bool:
+        """It ran out of memory part way: the 8-step ceiling does not hold over a run."""
+        return self.outcome == "oom"
+
+
+LONG_RUN_FREE = ("steps", "warmup_steps", "min_steady_steps", "seed", "trace")  # what a long run may change of a probe
+
+
+def long_run_at(search: CeilingSearch, batch_size: int | None, long: Sequence[CellResult]) -> LongRunVerdict | None:
+    """The long run of ``search``'s cell at ``batch_size`` (its ceiling): a long-run result whose spec
+    differs from the search's probe at that batch in nothing but its steps, seed and tracing."""
+    if batch_size is None:
+        return None
+    probe = search.probe(batch_size, search.seeds[0])
+    for result in long:
+        if result.outcome in ("ok", "oom", "crashed") and set(differences(probe, result.spec)) <= set(LONG_RUN_FREE):
+            assert isinstance(result.spec, TrainSpec)
+            return LongRunVerdict(batch_size, result.spec.steps, len(result.step_peak_reserved_per_step_mib), result.outcome)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
 class SearchRow:
     """One ceiling search: what it searches, where it stands (read from its probes exactly as the
     search itself decides), and what its probes measured at the ceiling and on the batch above it.
@@ -267,6 +303,7 @@ class SearchRow:
     op_held_mib: float | None = None  # the MaxSim op's memory held for backward (isolated replay)
     fails_where: str | None = None  # where the batch above ran out of memory: "maxsim" or "elsewhere"
     fails_message: str | None = None  # that out-of-memory message
+    long_run: LongRunVerdict | None = None  # how a long run at the ceiling batch ended, where one ran
 
     stack = property(lambda self: self.search.stack)
     regime = property(lambda self: self.search.regime)
@@ -302,7 +339,9 @@ def ceilings(source: Source = None, grid_file: Path = CEILINGS_GRID) -> list[Sea
     grids = sorted({search.grid for search in searches})
     frame = frame_of(results.of(*grids))
     by_grid = {grid: results.by_id(grid) for grid in grids}
-    return [search_row(search, Probes(search, by_grid[search.grid]), frame) for search in searches]
+    long = [result for _, result in results.of(LONG_RUN)]
+    rows = [search_row(search, Probes(search, by_grid[search.grid]), frame) for search in searches]
+    return [dataclasses.replace(row, long_run=long_run_at(row.search, row.settled, long)) for row in rows]
 
 
 def search_row(search: CeilingSearch, probes: Probes, frame: pd.DataFrame) -> SearchRow:

@@ -57,6 +57,7 @@ def criterion(searches: Sequence[SearchRow]) -> str:
 
 
 RUNNING_MARK = "*"  # follows an entry whose search is still running
+LONG_RUN_MARK = "†"  # follows a ceiling at which a long run ran out of memory part way
 PREDICTED_BREAK = "<br>"  # a prediction goes on its own line of the table cell
 
 
@@ -67,7 +68,9 @@ def entry(row: SearchRow | None, predicted: int | None = None) -> str:
     if row is None:
         return ""
     text = ceiling_text(row)
-    if row.stopped:  # still to finish, like a running search; the ceilings page says which probe crashed
+    if row.long_run is not None and row.long_run.ran_out:  # the ceilings page says at which step
+        text = f"{row.fits}{LONG_RUN_MARK}"
+    elif row.stopped:  # still to finish, like a running search; the ceilings page says which probe crashed
         text = (f"≥ {row.fits}" if row.fits else "stopped") + RUNNING_MARK
     elif not (row.done or row.probes == 0):
         text = text.replace(" (searching)", "") + RUNNING_MARK
@@ -213,6 +216,26 @@ def unsettled_words(rows: Sequence[SearchRow], backend: str, cards: Sequence[str
     return "; ".join(f"on {_names(names)} {state}" for state, names in states.items())
 
 
+def long_run_words(rows: Sequence[SearchRow]) -> str:
+    """How the long runs at a regime's settled ceilings (default allocator) ended, in one clause:
+    'over a long run, vanilla's 120 on 80 GB trained all 100 steps; lik's 160 on 80 GB ran out of
+    memory at step 27 of 100, so that 8-step ceiling is not a batch a run can train at'; '' where none ran."""
+    said = []
+    for row in rows:
+        run = row.long_run
+        if run is None or row.allocator != "default":
+            continue
+        where = f"{row.backend}'s {run.batch_size} on {card_short(row.card)}"
+        if run.held:
+            said.append(f"{where} trained all {run.steps} steps")
+        elif run.ran_out:
+            said.append(f"{where} ran out of memory at step {run.steps_trained + 1} of {run.steps}, "
+                        "so that 8-step ceiling is not a batch a run can train at")  # fmt: skip
+        else:
+            said.append(f"{where} ended {run.outcome} after {run.steps_trained} of {run.steps} steps")
+    return f"over a long run, {'; '.join(said)}" if said else ""
+
+
 def _names(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
@@ -268,6 +291,9 @@ def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regim
                   for backend in everywhere if backend in found.against_vanilla]  # fmt: skip
         if speeds:
             text += f". At B={found.batch} on {card_short(found.card)}, against vanilla's step time: {'; '.join(speeds)}"
+    long = long_run_words(rows)
+    if long:
+        text += f". {long[0].upper()}{long[1:]}"
     pending = [card_short(card) for card in cards_in_order(row.card for row in rows if row.card not in decided)]
     if pending:
         text += f". Not settled yet on {_names(pending)}"

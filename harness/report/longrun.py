@@ -23,7 +23,7 @@ from matplotlib.ticker import MaxNLocator
 from harness.grid import GridCell, load_grid
 from harness.report import style
 from harness.report.data import GIB_PER_MIB, LONG_RUN, Results, SearchRow, backend_label, find_search
-from harness.report.text import STACK_NAMES, card_short, signed
+from harness.report.text import STACK_NAMES, card_short, oom_held_mib, requested_mib, signed
 from harness.results import CellResult, Progress, load_progress
 from harness.spec import TrainSpec
 
@@ -195,7 +195,7 @@ def reading(runs: Sequence[LongRun]) -> str:
         assert run.result is not None
         if run.result.outcome == "oom":
             sentences.append(f"{run.name} ran out of memory after {run.steps_trained} of {run.cell.spec.steps} "
-                             "steps, so its 8-step ceiling does not hold over a run")  # fmt: skip
+                             f"steps, so its 8-step ceiling does not hold over a run{_why_out(run)}")  # fmt: skip
         else:
             sentences.append(f"{run.name} ended {run.result.outcome} after {run.steps_trained} of "
                              f"{run.cell.spec.steps} steps, which says nothing of its memory")  # fmt: skip
@@ -207,7 +207,8 @@ def reading(runs: Sequence[LongRun]) -> str:
     if measured:
         most_run, most = max(measured, key=lambda pair: pair[1])
         if most <= 0:
-            who = "it reserved no more" if len(measured) == 1 else "none of them reserved more"
+            named = "it" if len(ran) + len(cut) == 1 else measured[0][0].name  # "it": the sentence before named it
+            who = f"{named} reserved no more" if len(measured) == 1 else "none of them reserved more"
             sentences.append(f"{who} after step {HORIZON} than within the first {HORIZON} steps")
         else:
             sentences.append(f"the most any reserved after step {HORIZON} beyond its first {HORIZON} steps' largest is "
@@ -217,6 +218,24 @@ def reading(runs: Sequence[LongRun]) -> str:
         sentences.append(f"{left} more {'has' if left == 1 else 'have'} not run yet")
     text = "; ".join(sentences)
     return text[0].upper() + text[1:] + "."
+
+
+def _why_out(run: LongRun) -> str:
+    """How a long run that ran out of memory got there, from its steps and its OOM message: ': after step
+    8 its reserved peak rose 884 MiB while its allocated peak changed −158 MiB, and the request that
+    failed (2.25 GiB) found 17.10 GiB reserved but unallocated' ('' where nothing past step 8 was measured)."""
+    assert run.result is not None
+    reserved, allocated = run.after_horizon(run.reserved_per_step), run.after_horizon(run.allocated_per_step)
+    if reserved is None or allocated is None:
+        return ""
+    words = (f": after step {HORIZON} its reserved peak changed {signed(reserved, '+.0f')} MiB while its allocated peak "
+             f"changed {signed(allocated, '+.0f')} MiB")  # fmt: skip
+    held, asked = oom_held_mib(run.result.oom_message), requested_mib(run.result.oom_message)
+    if held is not None and asked is not None and held[1] > asked:  # free bytes enough, but no block of them
+        words += (f", and the request that failed ({asked * GIB_PER_MIB:.2f} GiB) found {held[1] * GIB_PER_MIB:.2f} GiB "
+                  f"reserved but unallocated: the {run.cell.spec.allocator} allocator's cache, fragmented, "
+                  "could not serve it")  # fmt: skip
+    return words
 
 
 def plot(runs: Sequence[LongRun]) -> Figure | None:

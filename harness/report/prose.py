@@ -23,6 +23,7 @@ from harness.report.data import (
 )
 from harness.report.tables import call_tokens, largest_call, timed
 from harness.report.text import (
+    STACK_NAMES,
     as_published,
     card_label,
     card_short,
@@ -1064,3 +1065,19 @@ def stack_page_timing(cells: pd.DataFrame) -> str:
         named = "; ".join(f"{count}: {reason}" for reason, count in reasons.items())
         text += f"; the other {len(others)} show memory only ({named})"
     return text + "."
+
+
+def crash_reading(searches: Sequence[SearchRow], probes: pd.DataFrame) -> str:
+    """Why each search stopped by a crashed probe stopped, from the probe's crash marker: 'ColQwen2 lik
+    on 141 GB (whole H200): the probe at 320 crashed (RuntimeError: DataLoader worker … exited
+    unexpectedly); `harness ceiling --rerun-crashed` runs it again.' Empty where no search stopped so."""
+    said = []
+    for row in (row for row in searches if row.ceiling.crashed):
+        found = probes[probes["cell_id"] == row.ceiling.crashed] if not probes.empty else probes
+        message = "" if found.empty or missing(found.iloc[0]["oom_message"]) else f" ({found.iloc[0]['oom_message']})"
+        said.append(f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)}"
+                    f"{'' if row.allocator == 'default' else f', {row.allocator} segments'}: the probe at "
+                    f"{row.ceiling.next_batch} crashed{message}")  # fmt: skip
+    if not said:
+        return ""
+    return "Stopped by a crash: " + "; ".join(said) + ". `harness ceiling --rerun-crashed` runs such a probe again."

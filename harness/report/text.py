@@ -153,7 +153,8 @@ def cell_words(row: pd.Series, allocated: str = "") -> str:
 def ceiling_text(row: SearchRow) -> str:
     """A search's answer in words: '672' (the next probe, 704, failed), '≥ 8192', '< 32', 'running';
     a search stopped by a crashed probe (its kernel died: neither fit nor failure) says where:
-    '≥ 288 (the probe at 320 crashed)'."""
+    '≥ 288 (the probe at 320 crashed)'; a ceiling at which a long run ran out of memory says when:
+    '160 (a 100-step run ran out of memory at step 27)'."""
     if row.ceiling.crashed:
         crashed = f"the probe at {row.ceiling.next_batch} crashed"
         return f"≥ {row.fits} ({crashed})" if row.fits else crashed
@@ -171,6 +172,9 @@ def ceiling_text(row: SearchRow) -> str:
         return f"≥ {row.fits}"
     if row.fits is None:
         return f"< {row.fails}"
+    run = row.long_run
+    if run is not None and run.ran_out:
+        return f"{row.fits} (a {run.steps}-step run ran out of memory at step {run.steps_trained + 1})"
     return f"{row.fits}"
 
 
