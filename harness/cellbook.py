@@ -59,6 +59,7 @@ DISPLAYS: dict[str, Callable[..., pd.DataFrame]] = {
     "step_times": display.step_times, "op_timing": display.op_timing,
 }  # fmt: skip
 RUN_CALLS = ("run_cell", "run_op_cell", "notebook.run")
+ANSI = re.compile(r"(\x1b\[[0-9;]*m)")
 LOCAL_PATH = re.compile(r"(?<![\w.~])/(?:work|root|tmp|opt|home|scratch|mnt|var|usr|srv|data)/[^\s'\"`<>)\]]*")
 
 
@@ -69,7 +70,8 @@ def shorten_paths(text: str) -> str:
         path = match.group(0).rstrip("/")
         return "…/" + path.rsplit("/", 1)[-1]
 
-    return LOCAL_PATH.sub(last_part, text)
+    # an ANSI colour code (IPython's tracebacks) ends in a letter that would hide the path after it
+    return "".join(part if ANSI.fullmatch(part) else LOCAL_PATH.sub(last_part, part) for part in ANSI.split(text))
 
 
 # ---- one notebook ----------------------------------------------------------------------------------

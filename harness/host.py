@@ -42,6 +42,7 @@ _cell: str | None = None  # the cell this process measures: its other ranks and 
 
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+HOST_OUT_OF_MEMORY = "the host's memory, not the GPU's, ran out"  # ends a crash marker's message the OOM killer caused
 
 
 def oom_kills(root: Path = CGROUP_ROOT, membership: Path = Path("/proc/self/cgroup")) -> int | None:
@@ -77,8 +78,7 @@ def oom_kill_words(before: int | None, after: int | None) -> str:
         return ""
     killed = after - before
     return (f"; the host's out-of-memory killer killed {killed} process{'es' if killed > 1 else ''} of this cell's "
-            f"control group while it ran (oom_kill {before} → {after}): the host's memory, not the "
-            "GPU's, ran out")  # fmt: skip
+            f"control group while it ran (oom_kill {before} → {after}): {HOST_OUT_OF_MEMORY}")  # fmt: skip
 
 
 def registry() -> Path:

@@ -112,6 +112,12 @@ def test_refresh_strips_warnings_and_paths_and_renders_the_tables(scratch_book, 
         assert problems == [], f"{path.name}: {problems[:3]}"
 
 
+def test_paths_are_shortened_inside_ipythons_coloured_tracebacks_too():
+    coloured = "File \x1b[0;32m/work/main/harness/cell.py:175\x1b[0m, in \x1b[0;36mrun_cell\x1b[0;34m(spec)"
+    assert cellbook.shorten_paths(coloured) == "File \x1b[0;32m…/cell.py:175\x1b[0m, in \x1b[0;36mrun_cell\x1b[0;34m(spec)"
+    assert cellbook.shorten_paths("see /tmp/run/harness/backends.py:140 and ~/x") == "see …/backends.py:140 and ~/x"
+
+
 def test_the_check_command_says_the_committed_notebooks_are_current(capsys):
     from harness.cli import main
 

@@ -100,8 +100,9 @@ def test_every_ceiling_search_has_a_row_and_the_misses_name_their_term(results, 
     # the misses are ColQwen2 vanilla's, the 80 GB one among them (fragmentation the margin term carries)
     assert "colpali-plain-vanilla-h100-80gb" in misses and all(m.startswith("colpali-plain-vanilla-") for m in misses)
     assert {rows[miss]["wrong_term"] for miss in misses} == {"margin"}
-    # expandable segments were measured on one card per stack only: nothing to predict them from
-    assert rows["colpali-plain-lik-h100-80gb-expandable"]["predicted_ceiling"] is None
+    # an expandable-segments ceiling is predicted from the other cards' probes under that allocator alone
+    for row in (row for row in rows.values() if row["allocator"] == "expandable" and row["predicted_ceiling"] is not None):
+        assert row["margin_from_cards"] and row["card"] not in row["margin_from_cards"], row["search_id"]
     assert document["summary"]["worst"]["search_id"] == "colpali-plain-vanilla-h100-80gb"
 
 

@@ -9,7 +9,8 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from harness.report import data, prose, style
+from harness import host
+from harness.report import data, prose, style, text
 from harness.report.text import nowrap
 from harness.search import Ceiling, CeilingSearch
 
@@ -271,18 +272,25 @@ def test_a_speed_named_on_the_front_page_lies_beyond_its_regimes_run_to_run_nois
 
 
 def test_a_search_stopped_by_a_crash_says_why_from_the_probes_marker():
-    stopped = row("lik", "native", 288, None, stack="colpali")
-    stopped = dataclasses.replace(stopped, ceiling=Ceiling(fits=288, next_batch=320, stopped="probe x crashed",
-                                                           crashed="colpali-plain-b320-lik-native"))  # fmt: skip
-    probes = pd.DataFrame([{"cell_id": "colpali-plain-b320-lik-native", "oom_message": "RuntimeError: worker exited"}])
-    assert prose.crash_reading([stopped, row("vanilla", "native", 224, 240)], probes) == (
-        "Stopped by a crash: ColQwen2 lik on 141 GB (whole H200): the probe at 320 crashed (RuntimeError: worker exited). "
-        "`harness ceiling --rerun-crashed` runs such a probe again.")  # fmt: skip
-    assert prose.crash_reading([row("vanilla", "native", 224, 240)], probes) == ""
+    crashed = Ceiling(fits=288, next_batch=320, stopped="probe x crashed", crashed="colpali-plain-b320-lik-native")
+    stopped = dataclasses.replace(row("lik", "native", 288, None, stack="colpali"), ceiling=crashed,
+                                  crash_message="RuntimeError: worker exited")  # fmt: skip
+    settled = row("vanilla", "native", 224, 240)
+    assert text.ceiling_text(stopped) == "≥ 288 (the probe at 320 crashed)"
+    assert prose.crash_reading([stopped, settled]) == (
+        "Stopped by a crash: ColQwen2 lik on 141 GB (whole H200), the probe at 320 — RuntimeError: worker exited. "
+        "`harness ceiling --rerun-crashed` runs a crashed probe again.")  # fmt: skip
+    assert prose.crash_reading([settled]) == ""
+    # one the host's out-of-memory killer ended: said so, and a rerun on the same host is not offered
+    killed = dataclasses.replace(stopped, crash_message="the kernel stopped" + host.oom_kill_words(0, 2))
+    assert text.ceiling_text(killed) == "≥ 288 (the probe at 320 ran out of host memory)"
+    assert prose.crash_reading([killed]).endswith(
+        "the host's memory, not the GPU's, ran out. A probe the host's memory ended can be settled only on a host "
+        "with more memory.")  # fmt: skip
 
 
 def test_the_committed_crash_reading_names_every_stopped_search(searches):
-    text = prose.crash_reading(searches, data.ceiling_probes(data.read()))
+    reading = prose.crash_reading(searches)
     stopped = [row for row in searches if row.ceiling.crashed]
-    assert (text == "") == (not stopped)
-    assert all(f"the probe at {row.ceiling.next_batch} crashed" in text for row in stopped)
+    assert (reading == "") == (not stopped)
+    assert all(f"the probe at {row.ceiling.next_batch}" in reading and row.crash_message in reading for row in stopped)

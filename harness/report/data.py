@@ -304,6 +304,7 @@ class SearchRow:
     fails_where: str | None = None  # where the batch above ran out of memory: "maxsim" or "elsewhere"
     fails_message: str | None = None  # that out-of-memory message
     long_run: LongRunVerdict | None = None  # how a long run at the ceiling batch ended, where one ran
+    crash_message: str | None = None  # why the crashed probe that stopped the search crashed (its marker's message)
 
     stack = property(lambda self: self.search.stack)
     regime = property(lambda self: self.search.regime)
@@ -363,7 +364,14 @@ def search_row(search: CeilingSearch, probes: Probes, frame: pd.DataFrame) -> Se
         op_held_mib=_largest(at_fit, "op_saved_for_backward_mib"),
         fails_where=None if failure is None else failure["oom_where"],
         fails_message=None if failure is None else failure["oom_message"],
+        crash_message=_crash_message(probes, ceiling.crashed),
     )  # fmt: skip
+
+
+def _crash_message(probes: Probes, crashed: str | None) -> str | None:
+    """The message of the crash marker of probe ``crashed`` (a cell id), where it has one."""
+    marker = next((result for result in probes.by_probe.values() if result.cell_id == crashed), None) if crashed else None
+    return None if marker is None else marker.oom_message
 
 
 def _largest(frame: pd.DataFrame, column: str, scale: float = 1.0) -> float | None:

@@ -34,6 +34,7 @@ from harness.report.text import (
     missing,
     oom_held_mib,
     percent,
+    ran_out_of_host_memory,
     regime_label,
     requested_mib,
 )
@@ -1067,17 +1068,21 @@ def stack_page_timing(cells: pd.DataFrame) -> str:
     return text + "."
 
 
-def crash_reading(searches: Sequence[SearchRow], probes: pd.DataFrame) -> str:
-    """Why each search stopped by a crashed probe stopped, from the probe's crash marker: 'ColQwen2 lik
-    on 141 GB (whole H200): the probe at 320 crashed (RuntimeError: DataLoader worker … exited
-    unexpectedly); `harness ceiling --rerun-crashed` runs it again.' Empty where no search stopped so."""
-    said = []
-    for row in (row for row in searches if row.ceiling.crashed):
-        found = probes[probes["cell_id"] == row.ceiling.crashed] if not probes.empty else probes
-        message = "" if found.empty or missing(found.iloc[0]["oom_message"]) else f" ({found.iloc[0]['oom_message']})"
-        said.append(f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)}"
-                    f"{'' if row.allocator == 'default' else f', {row.allocator} segments'}: the probe at "
-                    f"{row.ceiling.next_batch} crashed{message}")  # fmt: skip
-    if not said:
+def crash_reading(searches: Sequence[SearchRow]) -> str:
+    """Why each search stopped by a crashed probe stopped, from the probe's crash marker: 'Stopped by a
+    crash: ColQwen2 lik on 141 GB (whole H200), the probe at 320 — RuntimeError: …' and what settles it:
+    running it again, or, where the host's out-of-memory killer ended it, a host with more memory.
+    Empty where no search stopped so."""
+    stopped = [row for row in searches if row.ceiling.crashed]
+    if not stopped:
         return ""
-    return "Stopped by a crash: " + "; ".join(said) + ". `harness ceiling --rerun-crashed` runs such a probe again."
+    said = [f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)}"
+            f"{'' if row.allocator == 'default' else f', {row.allocator} segments'}, the probe at {row.ceiling.next_batch}"
+            f"{'' if not row.crash_message else f' — {row.crash_message}'}" for row in stopped]  # fmt: skip
+    host = [row for row in stopped if ran_out_of_host_memory(row)]
+    settle = []
+    if len(host) < len(stopped):
+        settle.append("`harness ceiling --rerun-crashed` runs a crashed probe again")
+    if host:
+        settle.append("a probe the host's memory ended can be settled only on a host with more memory")
+    return f"Stopped by a crash: {'; '.join(said)}. {'; '.join(settle).capitalize()}."

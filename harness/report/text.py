@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from harness.host import HOST_OUT_OF_MEMORY
 from harness.report.data import GIB_PER_MIB, SearchRow
 from harness.spec import CARDS
 
@@ -150,13 +151,20 @@ def cell_words(row: pd.Series, allocated: str = "") -> str:
     return f"{peak} · {row['steady_step_time_sec']:.2f} s/step"
 
 
+def ran_out_of_host_memory(row: SearchRow) -> bool:
+    """Whether the crashed probe that stopped a search was ended by the host's out-of-memory killer."""
+    return row.crash_message is not None and row.crash_message.endswith(HOST_OUT_OF_MEMORY)
+
+
 def ceiling_text(row: SearchRow) -> str:
     """A search's answer in words: '672' (the next probe, 704, failed), '≥ 8192', '< 32', 'running';
     a search stopped by a crashed probe (its kernel died: neither fit nor failure) says where:
-    '≥ 288 (the probe at 320 crashed)'; a ceiling at which a long run ran out of memory says when:
+    '≥ 288 (the probe at 320 crashed)', or one the host's out-of-memory killer ended '≥ 288 (the probe at
+    320 ran out of host memory)'; a ceiling at which a long run ran out of memory says when:
     '160 (a 100-step run ran out of memory at step 27)'."""
     if row.ceiling.crashed:
-        crashed = f"the probe at {row.ceiling.next_batch} crashed"
+        ended = "ran out of host memory" if ran_out_of_host_memory(row) else "crashed"
+        crashed = f"the probe at {row.ceiling.next_batch} {ended}"
         return f"≥ {row.fits} ({crashed})" if row.fits else crashed
     if row.stopped:
         return f"stopped ({row.stopped})"
