@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness import gpu_gate
+from harness.results import HOST_OUT_OF_MEMORY
 
 HOST_DIR_VARIABLE = "MAXSIM_HOST_DIR"
 PINNED_VARIABLE = "MAXSIM_PINNED_CPUS"  # set by the launcher when it pinned the cell's cores
@@ -42,7 +43,6 @@ _cell: str | None = None  # the cell this process measures: its other ranks and 
 
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-HOST_OUT_OF_MEMORY = "the host's memory, not the GPU's, ran out"  # ends a crash marker's message the OOM killer caused
 
 
 def oom_kills(root: Path = CGROUP_ROOT, membership: Path = Path("/proc/self/cgroup")) -> int | None:

@@ -24,6 +24,7 @@ from harness.spec import OpSpec, TrainSpec
 
 SCHEMA_VERSION: Literal[2] = 2
 
+HOST_OUT_OF_MEMORY = "the host's memory, not the GPU's, ran out"  # ends a crash marker's message the host's OOM killer caused
 Outcome = Literal["ok", "oom", "crashed"]
 # Why a cell ended without a measurement of its own (a crash marker's ``failure``), as the
 # launcher reads it from the executed notebook, never from log text: the kernel never ran a cell,

@@ -38,8 +38,8 @@ def test_a_ceiling_a_long_run_could_not_train_at_is_marked_and_said():
     held, out = data.LongRunVerdict(120, 100, 100, "ok"), data.LongRunVerdict(160, 100, 26, "oom")
     rows = [dataclasses.replace(base, long_run=held), dataclasses.replace(fused, long_run=out)]
     table = decision.decision_table(rows, "pylate", "grad-checkpoint")
-    assert table["80\u00a0GB"].tolist() == ["120", f"160{decision.LONG_RUN_MARK}"]
-    assert text.ceiling_text(rows[1]) == "160 (a 100-step run ran out of memory at step 27)"
+    assert table["80\u00a0GB"].tolist() == ["120", f"160{text.LONG_RUN_MARK}"]
+    assert text.ceiling_text(rows[1]) == "160† (OOM at step 27 of 100)"
     assert text.ceiling_text(rows[0]) == "120"  # a long run that held changes nothing of the answer
     advice = decision.advice(rows, pd.DataFrame(), "pylate", "grad-checkpoint")
     assert advice.startswith("On 80 GB, where the searches have settled, lik trains the largest batch: 160 against 120")

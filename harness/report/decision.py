@@ -17,7 +17,7 @@ import pandas as pd
 from harness.report import style, timing
 from harness.report.data import SearchRow
 from harness.report.tables import timed
-from harness.report.text import card_short, cards_in_order, ceiling_text, nowrap, sig
+from harness.report.text import LONG_RUN_MARK, card_short, cards_in_order, ceiling_text, nowrap, sig
 
 REGIME_NAMES = {
     ("colpali", "plain"): "ColQwen2 + LoRA (colpali-engine recipe)",
@@ -57,7 +57,6 @@ def criterion(searches: Sequence[SearchRow]) -> str:
 
 
 RUNNING_MARK = "*"  # follows an entry whose search is still running
-LONG_RUN_MARK = "†"  # follows a ceiling at which a long run ran out of memory part way
 PREDICTED_BREAK = "<br>"  # a prediction goes on its own line of the table cell
 
 

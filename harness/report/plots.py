@@ -19,7 +19,7 @@ from matplotlib.ticker import FuncFormatter
 
 from harness.report import style
 from harness.report.data import GIB_PER_MIB, SearchRow
-from harness.report.text import card_label, card_short, cards_in_order, missing
+from harness.report.text import LONG_RUN_MARK, card_label, card_short, cards_in_order, missing
 from harness.spec import CARDS
 
 
@@ -197,6 +197,10 @@ def _legend_entries(axis: Axes, rows: Sequence[SearchRow]) -> tuple[list[Any], l
         (handle,) = axis.plot([], [], color="black", marker="o", markerfacecolor=face, linestyle=line)
         handles.append(handle)
         labels.append(label)
+    if any(row.long_run is not None and row.long_run.ran_out for row in rows if row.allocator == "default"):
+        (handle,) = axis.plot([], [], color="black", marker=f"${LONG_RUN_MARK}$", linestyle="none")
+        handles.append(handle)
+        labels.append("a long run at it ran out of memory")
     return handles, labels
 
 
@@ -229,6 +233,9 @@ def draw_ceilings(axis: Axes, searches: Sequence[SearchRow], short_cards: bool =
             if row.fits:
                 axis.plot([x], [row.fits], marker=look.marker, markersize=look.size + 1, color=look.colour,
                           markerfacecolor=look.colour if row.done else "white", linestyle="none")  # fmt: skip
+            if row.fits and row.long_run is not None and row.long_run.ran_out:  # a long run at it ran out of memory
+                axis.annotate(LONG_RUN_MARK, (x, row.fits), textcoords="offset points", xytext=(-14, -4),
+                              color=look.colour, fontsize=11, fontweight="bold")  # fmt: skip
     labels = [card_short(c).replace(" (whole H200)", "\nwhole H200") if short_cards else card_label(c, lines=True) for c in cards]
     axis.set_xticks(range(len(cards)), labels)
     axis.set_xlim(-0.6, len(cards) - 0.4)

@@ -1068,6 +1068,13 @@ def stack_page_timing(cells: pd.DataFrame) -> str:
     return text + "."
 
 
+def _crash_reason(row: SearchRow) -> str:
+    """A crash marker's message, or where the host's out-of-memory killer ended the probe its last clause,
+    which says so (how the kernel stopped, before it, adds nothing)."""
+    message = row.crash_message or ""
+    return message.rsplit("; ", 1)[-1] if ran_out_of_host_memory(row) else message
+
+
 def crash_reading(searches: Sequence[SearchRow]) -> str:
     """Why each search stopped by a crashed probe stopped, from the probe's crash marker: 'Stopped by a
     crash: ColQwen2 lik on 141 GB (whole H200), the probe at 320 — RuntimeError: …' and what settles it:
@@ -1078,7 +1085,7 @@ def crash_reading(searches: Sequence[SearchRow]) -> str:
         return ""
     said = [f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)}"
             f"{'' if row.allocator == 'default' else f', {row.allocator} segments'}, the probe at {row.ceiling.next_batch}"
-            f"{'' if not row.crash_message else f' — {row.crash_message}'}" for row in stopped]  # fmt: skip
+            f"{'' if not row.crash_message else f' — {_crash_reason(row)}'}" for row in stopped]  # fmt: skip
     host = [row for row in stopped if ran_out_of_host_memory(row)]
     settle = []
     if len(host) < len(stopped):

@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness.host import HOST_OUT_OF_MEMORY
 from harness.report.data import GIB_PER_MIB, SearchRow
+from harness.results import HOST_OUT_OF_MEMORY
 from harness.spec import CARDS
 
 
@@ -151,6 +151,9 @@ def cell_words(row: pd.Series, allocated: str = "") -> str:
     return f"{peak} · {row['steady_step_time_sec']:.2f} s/step"
 
 
+LONG_RUN_MARK = "†"  # follows a ceiling at which a long run ran out of memory part way (tables, figures)
+
+
 def ran_out_of_host_memory(row: SearchRow) -> bool:
     """Whether the crashed probe that stopped a search was ended by the host's out-of-memory killer."""
     return row.crash_message is not None and row.crash_message.endswith(HOST_OUT_OF_MEMORY)
@@ -161,7 +164,7 @@ def ceiling_text(row: SearchRow) -> str:
     a search stopped by a crashed probe (its kernel died: neither fit nor failure) says where:
     '≥ 288 (the probe at 320 crashed)', or one the host's out-of-memory killer ended '≥ 288 (the probe at
     320 ran out of host memory)'; a ceiling at which a long run ran out of memory says when:
-    '160 (a 100-step run ran out of memory at step 27)'."""
+    '160† (OOM at step 27 of 100)'."""
     if row.ceiling.crashed:
         ended = "ran out of host memory" if ran_out_of_host_memory(row) else "crashed"
         crashed = f"the probe at {row.ceiling.next_batch} {ended}"
@@ -182,7 +185,7 @@ def ceiling_text(row: SearchRow) -> str:
         return f"< {row.fails}"
     run = row.long_run
     if run is not None and run.ran_out:
-        return f"{row.fits} (a {run.steps}-step run ran out of memory at step {run.steps_trained + 1})"
+        return f"{row.fits}{LONG_RUN_MARK} (OOM at step {run.steps_trained + 1} of {run.steps})"
     return f"{row.fits}"
 
 
