@@ -45,6 +45,7 @@ import pandas as pd
 
 from harness import display
 from harness.report import data
+from harness.report.text import ANSI_COLOUR
 from harness.results import CellResult
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +60,6 @@ DISPLAYS: dict[str, Callable[..., pd.DataFrame]] = {
     "step_times": display.step_times, "op_timing": display.op_timing,
 }  # fmt: skip
 RUN_CALLS = ("run_cell", "run_op_cell", "notebook.run")
-ANSI = re.compile(r"(\x1b\[[0-9;]*m)")
 LOCAL_PATH = re.compile(r"(?<![\w.~])/(?:work|root|tmp|opt|home|scratch|mnt|var|usr|srv|data)/[^\s'\"`<>)\]]*")
 
 
@@ -71,7 +71,7 @@ def shorten_paths(text: str) -> str:
         return "…/" + path.rsplit("/", 1)[-1]
 
     # an ANSI colour code (IPython's tracebacks) ends in a letter that would hide the path after it
-    return "".join(part if ANSI.fullmatch(part) else LOCAL_PATH.sub(last_part, part) for part in ANSI.split(text))
+    return "".join(part if ANSI_COLOUR.fullmatch(part) else LOCAL_PATH.sub(last_part, part) for part in ANSI_COLOUR.split(text))
 
 
 # ---- one notebook ----------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ import yaml
 from harness import allocator, host, provenance
 from harness.grid import GridCell
 from harness.orchestrate.pool import Gate, cell_environment
+from harness.report.text import ANSI_COLOUR
 from harness.results import CellResult, Failure, ResultError, load_result, write_result
 from harness.spec import STACKS, differences, notebook_parameters
 
@@ -223,7 +224,6 @@ def notebook_failure(path: Path) -> tuple[Failure, str | None]:
     return "kernel_died", "the kernel stopped in the middle of a cell"
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CHAINED = ("The above exception was the direct cause of the following exception:",
             "During handling of the above exception, another exception occurred:")  # fmt: skip
 _RAISED = re.compile(r"^[A-Za-z_][\w.]*: \S")  # 'RuntimeError: …' at the start of a line
@@ -233,7 +233,7 @@ def root_cause(traceback: list[str]) -> str | None:
     """The first exception of a chained traceback, as its last line reads ('RuntimeError: DataLoader
     worker (pid 1357) is killed by signal: Killed.'): what the error a notebook shows was raised from.
     None for a traceback without a chain."""
-    lines = _ANSI.sub("", "\n".join(traceback)).splitlines()
+    lines = ANSI_COLOUR.sub("", "\n".join(traceback)).splitlines()
     first = next((index for index, line in enumerate(lines) if line.strip() in _CHAINED), None)
     if first is None:
         return None

@@ -151,6 +151,7 @@ def cell_words(row: pd.Series, allocated: str = "") -> str:
     return f"{peak} · {row['steady_step_time_sec']:.2f} s/step"
 
 
+ANSI_COLOUR = re.compile(r"(\x1b\[[0-9;]*m)")  # an ANSI colour code, as IPython colours tracebacks (split keeps it)
 LONG_RUN_MARK = "†"  # follows a ceiling at which a long run ran out of memory part way (tables, figures)
 
 
