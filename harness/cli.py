@@ -301,7 +301,7 @@ def _ceiling(args: argparse.Namespace) -> int:
     from harness.orchestrate.ceiling import run_searches, share_budgets
     from harness.orchestrate.launcher import Layout
     from harness.orchestrate.pool import visible_gpus
-    from harness.search import Ceiling, ProbeMismatch, describe, load_searches, search_state
+    from harness.search import Ceiling, ProbeMismatch, describe, load_searches, read_probes, search_state
 
     searches = load_searches(args.grid, args.match)
     if not searches:
@@ -312,9 +312,9 @@ def _ceiling(args: argparse.Namespace) -> int:
 
         refused, pending, minutes, unknown = 0, 0, 0.0, 0
         timed = tables.timed(data.load(args.results_dir)[0])  # what costs each next probe
-        for search in searches:
+        for search, probes in zip(searches, read_probes(searches, args.results_dir), strict=True):
             try:
-                ceiling, probe = search_state(search, args.results_dir)
+                ceiling, probe = search_state(search, probes)
             except ProbeMismatch as error:
                 refused += 1
                 print(describe(search, Ceiling(stopped=str(error))), file=sys.stderr)

@@ -201,8 +201,7 @@ class Probes:
 
     @classmethod
     def read(cls, search: CeilingSearch, results_dir: Path) -> Probes:
-        results, _ = read_results(results_dir / search.grid, grids={search.grid})
-        return cls(search, {result.cell_id: result for _, result in results})
+        return read_probes([search], results_dir)[0]
 
     def outcome(self, batch_size: int, seed: int) -> str:
         """``missing``, ``crashed``, ``ok`` or ``oom`` for one probe."""
@@ -235,6 +234,15 @@ def batch_verdict(probes: Probes, batch_size: int, seeds: Sequence[int] | None =
         if outcomes[seed] == "crashed":
             return None, None, probe.cell_id
     return True, None, None
+
+
+def read_probes(searches: Sequence[CeilingSearch], results_dir: Path) -> list[Probes]:
+    """Each search's probes under ``results_dir``, reading every grid's results once, not once a search."""
+    by_grid = {}
+    for grid in dict.fromkeys(search.grid for search in searches):
+        results, _ = read_results(results_dir / grid, grids={grid})
+        by_grid[grid] = {result.cell_id: result for _, result in results}
+    return [Probes(search, by_grid[search.grid]) for search in searches]
 
 
 def search_state(search: CeilingSearch, results: Path | Probes, rerun_crashed: bool = False) -> tuple[Ceiling, TrainSpec | None]:

@@ -151,14 +151,16 @@ def test_results_names_every_file_it_skips(tmp_path, capsys):
 
 
 def test_the_ceiling_dry_run_reads_every_committed_search_as_the_search_module_does(capsys):
-    from harness.search import describe, load_searches, search_state
+    from harness.search import describe, load_searches, read_probes, search_state
 
     grid = ROOT / "grids" / "ceilings.yaml"
     assert cli.main(["ceiling", str(grid), "--dry-run"]) == 0
     out, err = capsys.readouterr()
     assert err == ""  # no search refused: every committed probe lies on its search's walk
     searches = load_searches(grid)
-    states = [search_state(search, ROOT / "results") for search in searches]
+    probes = read_probes(searches, ROOT / "results")  # every grid read once
+    states = [search_state(search, mine) for search, mine in zip(searches, probes, strict=True)]
+    assert [state[0] for state in states[:3]] == [search_state(search, ROOT / "results")[0] for search in searches[:3]]
     expected = [describe(search, ceiling) for search, (ceiling, _) in zip(searches, states, strict=True)]
     lines = out.splitlines()
     assert len(lines) == len(searches) + 1
