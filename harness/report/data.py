@@ -256,8 +256,15 @@ class LongRunVerdict:
     steps_trained: int
     outcome: str
 
+    @classmethod
+    def of(cls, result: CellResult) -> LongRunVerdict:
+        """How the long run ``result`` ended: the steps it asked for and the steps it measured."""
+        assert isinstance(result.spec, TrainSpec)  # the long-run grid trains
+        return cls(result.spec.batch_size, result.spec.steps, len(result.step_peak_reserved_per_step_mib), result.outcome)
+
     @property
     def held(self) -> bool:
+        """It trained every step it asked for."""
         return self.outcome == "ok" and self.steps_trained >= self.steps
 
     @property
@@ -277,8 +284,7 @@ def long_run_at(search: CeilingSearch, batch_size: int | None, long: Sequence[Ce
     probe = search.probe(batch_size, search.seeds[0])
     for result in long:
         if result.outcome in ("ok", "oom", "crashed") and set(differences(probe, result.spec)) <= set(LONG_RUN_FREE):
-            assert isinstance(result.spec, TrainSpec)
-            return LongRunVerdict(batch_size, result.spec.steps, len(result.step_peak_reserved_per_step_mib), result.outcome)
+            return LongRunVerdict.of(result)
     return None
 
 

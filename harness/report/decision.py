@@ -217,7 +217,7 @@ def unsettled_words(rows: Sequence[SearchRow], backend: str, cards: Sequence[str
 
 def long_run_words(rows: Sequence[SearchRow]) -> str:
     """How the long runs at a regime's settled ceilings (default allocator) ended, in one clause:
-    'over a long run, vanilla's 120 on 80 GB trained all 100 steps; lik's 160 on 80 GB ran out of
+    'Over a long run, vanilla's 120 on 80 GB trained all 100 steps; lik's 160 on 80 GB ran out of
     memory at step 27 of 100, so that 8-step ceiling is not a batch a run can train at'; '' where none ran."""
     said = []
     for row in rows:
@@ -232,7 +232,7 @@ def long_run_words(rows: Sequence[SearchRow]) -> str:
                         "so that 8-step ceiling is not a batch a run can train at")  # fmt: skip
         else:
             said.append(f"{where} ended {run.outcome} after {run.steps_trained} of {run.steps} steps")
-    return f"over a long run, {'; '.join(said)}" if said else ""
+    return f"Over a long run, {'; '.join(said)}" if said else ""
 
 
 def _names(items: Sequence[str]) -> str:
@@ -292,7 +292,7 @@ def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regim
             text += f". At B={found.batch} on {card_short(found.card)}, against vanilla's step time: {'; '.join(speeds)}"
     long = long_run_words(rows)
     if long:
-        text += f". {long[0].upper()}{long[1:]}"
+        text += f". {long}"
     pending = [card_short(card) for card in cards_in_order(row.card for row in rows if row.card not in decided)]
     if pending:
         text += f". Not settled yet on {_names(pending)}"

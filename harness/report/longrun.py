@@ -22,7 +22,7 @@ from matplotlib.ticker import MaxNLocator
 
 from harness.grid import GridCell, load_grid
 from harness.report import style
-from harness.report.data import GIB_PER_MIB, LONG_RUN, Results, SearchRow, backend_label, find_search
+from harness.report.data import GIB_PER_MIB, LONG_RUN, LongRunVerdict, Results, SearchRow, backend_label, find_search
 from harness.report.text import STACK_NAMES, card_short, oom_held_mib, requested_mib, signed
 from harness.results import CellResult, Progress, load_progress
 from harness.spec import TrainSpec
@@ -81,9 +81,7 @@ class LongRun:
     @property
     def held(self) -> bool | None:
         """True: trained every step it was asked for; False: ran out of memory (or crashed); None: not run."""
-        if self.result is None:
-            return None
-        return self.result.outcome == "ok" and self.steps_trained >= self.cell.spec.steps
+        return None if self.result is None else LongRunVerdict.of(self.result).held
 
     def after_horizon(self, series: Sequence[float]) -> float | None:
         """How far ``series`` rose from the ceiling's horizon (its largest value over the first
