@@ -412,6 +412,7 @@ def default_results_dir() -> Path:
 OTHER_RECORDS = {
     "predictions": "the memory model's validation (harness.memmodel)",
     "op-parity": "op parity against an fp64 reference (harness.parity)",
+    "host-memory": "host memory of collating a ColQwen2 batch (harness.host_memory)",
 }
 
 

@@ -1,12 +1,10 @@
 """Host memory of collating one ColQwen2 batch: what each dataloader worker of the recipe holds.
 
-colpali-engine's recipe runs its dataloader with workers (``harness.stacks.colpali.DATALOADER_WORKERS``),
-each turning a batch of pages into ``pixel_values`` on the CPU. This measures, in a fresh process per
-batch size, the batch's tensors and the process's peak resident memory while the offline processor
-collates B synthetic pages of the seed's stream (the pages a cell trains on), so the host memory a
-batch needs can be set beside the host's:
+Runs :func:`harness.host_memory.measure` in a fresh process per batch size (the peak resident
+memory is a process's) and writes the rows to one result file, which the ceilings page reads:
 
-    .venvs/colpali/bin/python tools/collate_host_memory.py 32 64 128
+    .venvs/colpali/bin/python tools/collate_host_memory.py 32 64 128 \
+        --output results/host-memory/colpali-collate-cpu.json
 """
 
 from __future__ import annotations
@@ -16,27 +14,20 @@ import json
 import subprocess
 import sys
 
-MEASURE = """
-import json, resource, sys
-from harness.stacks import colpali_data, colqwen2_model
-batch, seed = int(sys.argv[1]), int(sys.argv[2])
-processor = colqwen2_model.load_processor(colqwen2_model.materialize_processor(seed))
-stream = colpali_data.SyntheticTrainSet(seed)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-out = processor.process_images([stream[index]["image"] for index in range(batch)])
-tensors = sum(value.numel() * value.element_size() for value in out.values() if hasattr(value, "numel"))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-print(json.dumps({"batch_size": batch, "seed": seed, "batch_tensors_mib": tensors / 2**20,
-                  "peak_rss_mib": peak / 1024, "rss_before_mib": before / 1024,
-                  "pixel_values_shape": list(out["pixel_values"].shape)}))
-"""
+from harness import host_memory
+
+MEASURE = "import json, sys; from harness import host_memory; " \
+          "print(json.dumps(host_memory.measure(int(sys.argv[1]), int(sys.argv[2]))))"  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("batch_sizes", type=int, nargs="+")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--output", help="write the rows here (JSON, atomically)")
     args = parser.parse_args()
+    if any(batch < 1 for batch in args.batch_sizes):
+        parser.error("batch sizes must be positive")
     rows = []
     for batch in args.batch_sizes:
         done = subprocess.run([sys.executable, "-c", MEASURE, str(batch), str(args.seed)], capture_output=True, text=True)
@@ -48,6 +39,8 @@ def main() -> int:
         grew = row["peak_rss_mib"] - row["rss_before_mib"]
         print(f"B={batch}: batch tensors {row['batch_tensors_mib'] / 1024:.2f} GiB, collating raised peak RSS by "
               f"{grew / 1024:.2f} GiB ({grew / batch:.1f} MiB a page)", flush=True)  # fmt: skip
+    if args.output:
+        print(f"wrote {host_memory.write(rows, args.output)}")
     return 0
 
 
