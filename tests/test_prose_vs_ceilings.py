@@ -5,11 +5,12 @@ fails where another trains, must be what the committed searches say."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pandas as pd
 import pytest
 
-from harness import host
+from harness import host, host_memory
 from harness.report import data, prose, style, text
 from harness.report.text import nowrap
 from harness.search import Ceiling, CeilingSearch
@@ -288,6 +289,44 @@ def test_a_search_stopped_by_a_crash_says_why_from_the_probes_marker():
         "Stopped by a crash: ColQwen2 lik on 141 GB (whole H200), the probe at 320 — the host's out-of-memory killer "
         "killed 2 processes of this cell's control group while it ran (oom_kill 0 → 2): the host's memory, not the "
         "GPU's, ran out. A probe the host's memory ended can be settled only on a host with more memory.")  # fmt: skip
+
+
+def test_a_colpali_probe_the_host_memory_ended_says_what_collating_its_batch_asks(tmp_path):
+    killed = dataclasses.replace(
+        row("lik", "native", 288, None, stack="colpali"),
+        ceiling=Ceiling(fits=288, next_batch=320, stopped="probe x crashed", crashed="colpali-plain-b320-lik-native"),
+        crash_message="the kernel stopped" + host.oom_kill_words(0, 2))  # fmt: skip
+    measured = [{"batch_size": 32, "seed": 42, "batch_tensors_mib": 320.0, "rss_before_mib": 1000.0,
+                 "peak_rss_mib": 1000.0 + 32 * 50.0, "pixel_values_shape": [1, 1]},
+                {"batch_size": 128, "seed": 42, "batch_tensors_mib": 1280.0, "rss_before_mib": 1000.0,
+                 "peak_rss_mib": 1000.0 + 128 * 54.0, "pixel_values_shape": [1, 1]}]  # fmt: skip
+    written = json.loads(host_memory.write(measured, tmp_path / host_memory.FOLDER / "colpali.json").read_text())
+    assert written["provenance"]["harness_sha256"] and written["dataloader_workers"] == 4  # the recipe's
+    (tmp_path / host_memory.FOLDER / "broken.json").write_text("{")  # a broken file is left out
+    collate = host_memory.per_page(host_memory.read(tmp_path))
+    assert collate["collate_mib_per_page"].tolist() == [50.0, 54.0]
+    # 4 workers × 320 pages × 50–54 MiB = 62.5–67.5 GiB
+    assert prose.crash_reading([killed], collate).endswith(
+        "A probe the host's memory ended can be settled only on a host with more memory. Collating a ColQwen2 batch "
+        "on the CPU raised a process's peak resident memory by 50–54 MiB a page (batches of 32, 128 pages, "
+        "`tools/collate_host_memory.py`), and each of the recipe's 4 dataloader workers collates a whole batch: at "
+        "B = 320 that is ≈ 62–68 GiB of host memory while all 4 collate at once, before the collated batches they "
+        "hand to the trainer.")  # fmt: skip
+    # without measurements, or for a probe that crashed otherwise, nothing is added
+    assert prose.crash_reading([killed], pd.DataFrame()) == prose.crash_reading([killed])
+    crashed = dataclasses.replace(killed, crash_message="RuntimeError: worker exited")
+    assert "Collating" not in prose.crash_reading([crashed], collate)
+
+
+def test_the_committed_collate_measurements_are_per_page_and_grow_with_the_batch(searches):
+    collate = host_memory.per_page(host_memory.read())
+    killed = [row for row in searches if row.stack == "colpali" and text.ran_out_of_host_memory(row)]
+    assert ("Collating a ColQwen2 batch" in prose.crash_reading(searches, collate)) == bool(killed)
+    assert len(collate) >= 2
+    # collating grows with the batch: the rise a page stays within 10% over a 4× range of batches
+    assert collate["collate_mib_per_page"].max() / collate["collate_mib_per_page"].min() < 1.1
+    assert (collate["collate_mib"].diff().dropna() > 0).all()
+    assert (collate["tensors_mib_per_page"] > 0).all()
 
 
 def test_the_committed_crash_reading_names_every_stopped_search(searches):

@@ -1075,11 +1075,31 @@ def _crash_reason(row: SearchRow) -> str:
     return message.rsplit("; ", 1)[-1] if ran_out_of_host_memory(row) else message
 
 
-def crash_reading(searches: Sequence[SearchRow]) -> str:
+def collate_memory_words(collate: pd.DataFrame, batch_size: int) -> str:
+    """What collating ColQwen2 batches asks of the host, from :func:`harness.host_memory.per_page`'s
+    rows: the measured peak-memory rise a page (its range over the measured batches) and, at
+    ``batch_size``, what the recipe's workers, each collating a whole batch, ask at once. Empty
+    without measurements."""
+    if collate.empty:
+        return ""
+    low, high = collate["collate_mib_per_page"].min(), collate["collate_mib_per_page"].max()
+    workers = int(collate["workers"].iloc[0])
+    batches = ", ".join(str(batch) for batch in collate["batch_size"])
+    per_page = f"{low:.0f} MiB" if round(low) == round(high) else f"{low:.0f}–{high:.0f} MiB"
+    at_once = [workers * batch_size * mib / 1024 for mib in (low, high)]
+    gib = f"{at_once[0]:.0f} GiB" if round(at_once[0]) == round(at_once[1]) else f"{at_once[0]:.0f}–{at_once[1]:.0f} GiB"
+    return (f"Collating a ColQwen2 batch on the CPU raised a process's peak resident memory by {per_page} a page "
+            f"(batches of {batches} pages, `tools/collate_host_memory.py`), and each of the recipe's {workers} dataloader "
+            f"workers collates a whole batch: at B = {batch_size} that is ≈ {gib} of host memory while all {workers} "
+            "collate at once, before the collated batches they hand to the trainer.")  # fmt: skip
+
+
+def crash_reading(searches: Sequence[SearchRow], collate: pd.DataFrame | None = None) -> str:
     """Why each search stopped by a crashed probe stopped, from the probe's crash marker: 'Stopped by a
     crash: ColQwen2 lik on 141 GB (whole H200), the probe at 320 — RuntimeError: …' and what settles it:
-    running it again, or, where the host's out-of-memory killer ended it, a host with more memory.
-    Empty where no search stopped so."""
+    running it again, or, where the host's out-of-memory killer ended it, a host with more memory;
+    where that ended a ColQwen2 probe, what collating its batch asks of the host (``collate``:
+    :func:`harness.host_memory.per_page`, :func:`collate_memory_words`). Empty where no search stopped so."""
     stopped = [row for row in searches if row.ceiling.crashed]
     if not stopped:
         return ""
@@ -1092,4 +1112,7 @@ def crash_reading(searches: Sequence[SearchRow]) -> str:
         settle.append("`harness ceiling --rerun-crashed` runs a crashed probe again")
     if host:
         settle.append("a probe the host's memory ended can be settled only on a host with more memory")
-    return f"Stopped by a crash: {'; '.join(said)}. {'; '.join(settle).capitalize()}."
+    reading = f"Stopped by a crash: {'; '.join(said)}. {'; '.join(settle).capitalize()}."
+    colpali = [row.ceiling.next_batch for row in host if row.stack == "colpali" and row.ceiling.next_batch]
+    words = "" if collate is None or not colpali else collate_memory_words(collate, max(colpali))
+    return f"{reading} {words}" if words else reading
