@@ -126,6 +126,10 @@ def test_a_run_cut_short_by_its_host_is_read_from_its_progress(tmp_path):
     text = longrun.reading(longrun.long_runs(results, grid))
     assert "PyLate vanilla at B = 640 on 80 GB trained 20 of 30 steps before its host was taken back" in text
     assert "more have not run yet" not in text  # every planned run ran, in full or in part
+    # the largest rise of reserved memory past the first 8 steps' peak among the runs that held or were
+    # cut: vanilla's 512 MiB, not the cut run's 64 nor the OOM run's 300
+    assert ("the largest rise of reserved memory after step 8 over the first 8 steps' peak of the runs that did not "
+            "run out of memory is 512 MiB (ColQwen2 vanilla at B = 120 on 80 GB)") in text  # fmt: skip
     assert longrun.plot(longrun.long_runs(results, grid)) is not None
 
 

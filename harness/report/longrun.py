@@ -209,8 +209,9 @@ def reading(runs: Sequence[LongRun]) -> str:
             who = f"{named} reserved no more" if len(measured) == 1 else "none of them reserved more"
             sentences.append(f"{who} after step {HORIZON} than within the first {HORIZON} steps")
         else:
-            sentences.append(f"the most any reserved after step {HORIZON} beyond its first {HORIZON} steps' largest is "
-                             f"{most:.0f} MiB ({most_run.name})")  # fmt: skip
+            among = "" if len(measured) == 1 else " of the runs that did not run out of memory"
+            sentences.append(f"the largest rise of reserved memory after step {HORIZON} over the first {HORIZON} steps' "
+                             f"peak{among} is {most:.0f} MiB ({most_run.name})")  # fmt: skip
     if len(ran) + len(cut) < len(runs):
         left = len(runs) - len(ran) - len(cut)
         sentences.append(f"{left} more {'has' if left == 1 else 'have'} not run yet")
