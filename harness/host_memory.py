@@ -22,6 +22,8 @@ from typing import Any
 
 import pandas as pd
 
+from harness.results import Skipped, default_results_dir
+
 KIND = "collate-host-memory"
 FOLDER = "host-memory"  # results/host-memory/: one file per stack and device
 MIB = 2**20
@@ -64,20 +66,27 @@ def write(rows: list[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
     return write_text_atomic(path, json.dumps(document, indent=2) + "\n")
 
 
-def read(results_dir: Path | None = None) -> list[dict[str, Any]]:
-    """Every host-memory document under ``results_dir/host-memory`` (a file that is not one is left out)."""
-    from harness.results import default_results_dir
-
+def read_all(results_dir: Path | None = None) -> tuple[list[dict[str, Any]], list[Skipped]]:
+    """Every host-memory document under ``results_dir/host-memory``, and every file there that is not
+    one, with its one-line reason (the results page lists them)."""
     root = (Path(results_dir) if results_dir is not None else default_results_dir()) / FOLDER
-    documents = []
+    documents, skipped = [], []
     for path in sorted(root.glob("*.json")):
         try:
             document = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError) as error:
+            skipped.append(Skipped(path, f"unreadable: {error}"))
             continue
-        if isinstance(document, dict) and document.get("kind") == KIND and document.get("rows"):
-            documents.append(document)
-    return documents
+        if not isinstance(document, dict) or document.get("kind") != KIND or not document.get("rows"):
+            skipped.append(Skipped(path, f"not a host-memory record (kind {KIND!r} with rows)"))
+            continue
+        documents.append(document)
+    return documents, skipped
+
+
+def read(results_dir: Path | None = None) -> list[dict[str, Any]]:
+    """Every host-memory document under ``results_dir/host-memory`` (:func:`read_all`)."""
+    return read_all(results_dir)[0]
 
 
 def per_page(documents: list[dict[str, Any]], stack: str = "colpali") -> pd.DataFrame:

@@ -302,7 +302,12 @@ def test_a_colpali_probe_the_host_memory_ended_says_what_collating_its_batch_ask
                  "peak_rss_mib": 1000.0 + 128 * 54.0, "pixel_values_shape": [1, 1]}]  # fmt: skip
     written = json.loads(host_memory.write(measured, tmp_path / host_memory.FOLDER / "colpali.json").read_text())
     assert written["provenance"]["harness_sha256"] and written["dataloader_workers"] == 4  # the recipe's
-    (tmp_path / host_memory.FOLDER / "broken.json").write_text("{")  # a broken file is left out
+    (tmp_path / host_memory.FOLDER / "broken.json").write_text("{")  # a broken file is named and left out
+    (tmp_path / host_memory.FOLDER / "foreign.json").write_text('{"kind": "op-parity"}')
+    documents, skipped = host_memory.read_all(tmp_path)
+    assert len(documents) == 1 and [item.path.name for item in skipped] == ["broken.json", "foreign.json"]
+    assert skipped[0].reason.startswith("unreadable: ") and "not a host-memory record" in skipped[1].reason
+    assert {item.path.name for item in data.read(tmp_path).skipped} == {"broken.json", "foreign.json"}
     collate = host_memory.per_page(host_memory.read(tmp_path))
     assert collate["collate_mib_per_page"].tolist() == [50.0, 54.0]
     # 4 workers × 320 pages × 50–54 MiB = 62.5–67.5 GiB

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness import host_memory
 from harness.grid import ROOT, GridError, grid_names, load_grid
 from harness.report import timing
 from harness.results import CellResult, Skipped, default_results_dir, frame_of, read_results
@@ -88,7 +89,7 @@ def read(results_dir: str | os.PathLike[str] | None = None) -> Results:
     ``$MAXSIM_RESULTS_DIR``), and every file skipped with its one-line reason."""
     root = Path(results_dir or default_results_dir())
     found, skipped = read_results(root, grids=report_grids()) if root.exists() else ([], [])
-    return Results(root, tuple(found), tuple(skipped))
+    return Results(root, tuple(found), tuple(skipped) + tuple(host_memory.read_all(root)[1]))
 
 
 def results_of(source: Source) -> Results:
