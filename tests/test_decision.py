@@ -149,3 +149,16 @@ def test_a_prediction_stands_beside_a_search_that_has_not_settled_and_never_besi
                                     {("pylate", "grad-checkpoint", "lik", "h100-80gb"): 1300})  # fmt: skip
     assert table.set_index("backend").loc["lik", "80\u00a0GB"].endswith("pred.\u00a01300</i>")
     assert decision.started([], "pylate", "plain", {("pylate", "plain", "lik", "a100-40gb"): 80})
+
+
+def test_a_card_held_back_by_a_stopped_search_says_why():
+    settled = [row("vanilla", "h100-80gb", 640, 672), row("lik", "h100-80gb", 1280, 1344), row("vanilla", "native", 896, 928)]
+    crashed = Ceiling(fits=2304, next_batch=2432, stopped="probe x crashed", crashed="pylate-grad-checkpoint-b2432-lik-native")
+    stopped = dataclasses.replace(row("lik", "native", 2304, None, done=False), ceiling=crashed)
+    advice = decision.advice([*settled, stopped], pd.DataFrame(), "pylate", "grad-checkpoint")
+    assert advice.endswith(". Not settled yet on 141 GB (whole H200): lik's search on 141 GB (whole H200) stopped at "
+                           "≥ 2304 (the probe at 2432 crashed).")  # fmt: skip
+    # a card merely still searching gets no reason
+    running = [*settled, row("lik", "native", 2304, 2432, done=False)]
+    assert decision.advice(running, pd.DataFrame(), "pylate", "grad-checkpoint").endswith(
+        ". Not settled yet on 141 GB (whole H200).")

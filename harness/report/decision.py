@@ -293,7 +293,11 @@ def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regim
     long = long_run_words(rows)
     if long:
         text += f". {long}"
-    pending = [card_short(card) for card in cards_in_order(row.card for row in rows if row.card not in decided)]
+    pending = cards_in_order(row.card for row in rows if row.card not in decided)
     if pending:
-        text += f". Not settled yet on {_names(pending)}"
+        text += f". Not settled yet on {_names([card_short(card) for card in pending])}"
+        stops = [f"{row.backend}'s search on {card_short(row.card)} stopped at {ceiling_text(row)}"
+                 for row in rows if row.card in pending and row.stopped]  # fmt: skip
+        if stops:  # why a search will not settle by running on: the ceilings page says more
+            text += f": {'; '.join(stops)}"
     return text + "."
