@@ -97,6 +97,16 @@ def test_the_committed_long_run_grid_reads_with_or_without_results():
         assert shown in (f"{run.cell.spec.batch_size} ({run.cell.spec.batch_size})", f"{run.cell.spec.batch_size} (not settled)")
     if not any(run.result or run.progress for run in runs):
         assert longrun.reading(runs).startswith(f"None of the {len(runs)} long runs has run yet")
+    # one panel per stack and allocator setting that ran: no two runs of one backend share a panel
+    figure = longrun.plot(runs)
+    ran = {(run.cell.spec.stack, run.cell.spec.allocator) for run in runs if run.reserved_per_step}
+    assert (figure is None) == (not ran)
+    if figure is not None:
+        assert len(figure.axes) == len(ran)
+        for axis in figure.axes:
+            shown = [text.get_text().split(":")[0] for text in axis.get_legend().get_texts()]
+            backends = {label.split(" B=")[0] for label in shown}
+            assert len({label for label in shown}) == len(backends), shown  # one run per backend
 
 
 def progress(cell, steps_done, reserved=2000.0):

@@ -239,23 +239,22 @@ def _why_out(run: LongRun) -> str:
 
 def plot(runs: Sequence[LongRun]) -> Figure | None:
     """Reserved (solid) and allocated (dotted) step peaks per step of every long run that ran, one
-    panel per stack (one above the other, legends beside them), one colour per backend; the
-    ceiling's 8-step horizon marked, and a cross where a run ran out of memory."""
+    panel per stack and allocator setting (one above the other, legends beside them, so no two runs
+    of one backend share a panel), one colour per backend; the ceiling's 8-step horizon marked, a
+    cross where a run ran out of memory and a bar where its host was taken back."""
     ran = [run for run in runs if run.reserved_per_step]
     if not ran:
         return None
-    stacks = sorted({run.cell.spec.stack for run in ran})
-    figure, axes = plt.subplots(len(stacks), 1, figsize=(8.0, 3.2 * len(stacks)), squeeze=False)
-    for axis, stack in zip(axes[:, 0], stacks, strict=True):
-        for run in (run for run in ran if run.cell.spec.stack == stack):
+    panels = sorted({(run.cell.spec.stack, run.cell.spec.allocator) for run in ran})
+    figure, axes = plt.subplots(len(panels), 1, figsize=(9.0, 3.0 * len(panels)), squeeze=False)
+    for axis, (stack, allocator) in zip(axes[:, 0], panels, strict=True):
+        for run in (run for run in ran if (run.cell.spec.stack, run.cell.spec.allocator) == (stack, allocator)):
             reserved = np.asarray(run.reserved_per_step) * GIB_PER_MIB
             allocated = np.asarray(run.allocated_per_step) * GIB_PER_MIB
             steps = np.arange(1, len(reserved) + 1)
             colour = style.colour(run.backend)
-            label = f"{run.backend} B={run.cell.spec.batch_size}" + (
-                f" ({run.cell.spec.allocator})" if run.cell.spec.allocator != "default" else "")  # fmt: skip
-            dash = "-" if run.cell.spec.allocator == "default" else "-."
-            axis.plot(steps, reserved, color=colour, linestyle=dash, linewidth=1.5, label=f"{label}: reserved")
+            label = f"{run.backend} B={run.cell.spec.batch_size}"
+            axis.plot(steps, reserved, color=colour, linewidth=1.5, label=f"{label}: reserved")
             axis.plot(steps[: len(allocated)], allocated, color=colour, linestyle=":", linewidth=1.2,
                       label=f"{label}: allocated")  # fmt: skip
             if run.cut:  # where its host was taken back: a bar after its last step
@@ -265,7 +264,8 @@ def plot(runs: Sequence[LongRun]) -> Figure | None:
                 axis.plot([len(reserved) + 1], [reserved[-1]], color=colour, marker="x", markersize=8, linestyle="none",
                           label=f"{label}: {run.result.outcome} at step {len(reserved) + 1}")  # fmt: skip
         axis.axvline(HORIZON, color="#7f7f7f", linewidth=0.8, linestyle="--")
-        axis.set_title(f"{stack}: step peaks per step", fontsize=10)
+        setting = "default allocator" if allocator == "default" else f"{allocator} segments"
+        axis.set_title(f"{STACK_NAMES.get(stack, stack)}, {setting}: step peaks per step", fontsize=10)
         axis.set_xlabel("optimizer step")
         axis.set_ylabel("GiB")
         axis.grid(alpha=0.3)
