@@ -59,6 +59,14 @@ def test_every_planned_long_run_is_listed_with_how_it_ended(tmp_path):
     assert list(table["steps"]) == ["20 of 20", "12 of 20", "0 of 30"]
     assert list(table["after step 8: reserved / reserved − alloc (MiB)"]) == ["+512 / +512", "+300 / +300", ""]
     assert list(table["batch (search's ceiling)"]) == ["120 (no search)", "160 (no search)", "640 (no search)"]
+    # reserved − allocated over the steps: vanilla 100 MiB, then 612; lik 200, then 500
+    assert list(table[longrun.GAP]) == ["0.1–0.6", "0.2–0.5", ""]
+    assert longrun.allocator_gap_words(runs) == ""  # one allocator setting: nothing to compare
+    expandable = dataclasses.replace(runs[1], cell=dataclasses.replace(
+        runs[1].cell, spec=dataclasses.replace(runs[1].cell.spec, allocator="expandable")))  # fmt: skip
+    assert longrun.allocator_gap_words([runs[0], expandable, runs[2]]) == (
+        "ColQwen2's reserved − allocated at the step peak, step by step, ranged 0.1–0.6 GiB under the default allocator "
+        "and 0.2–0.5 GiB under expandable segments")  # fmt: skip
 
     text = longrun.reading(runs)
     assert text.startswith("1 of the 2 long runs that ended trained every step at their batch")

@@ -171,8 +171,39 @@ def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.Data
             "steps": f"{run.steps_trained} of {spec.steps}", "outcome": outcome,
             "peak reserved (GiB)": "" if not reserved else f"{max(reserved) * GIB_PER_MIB:.2f}",
             after: "" if grew is None or frag_grew is None else f"{signed(grew, '+.0f')} / {signed(frag_grew, '+.0f')}",
+            GAP: "" if not run.fragmentation_per_step else _gib_range(run.fragmentation_per_step),
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+GAP = "reserved − alloc per step (GiB)"  # the table's column: its range over the run's steps
+
+
+def _gib_range(values: Sequence[float]) -> str:
+    """'8.1–28.2': the smallest and largest of MiB values, in GiB."""
+    low, high = min(values) * GIB_PER_MIB, max(values) * GIB_PER_MIB
+    return f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}–{high:.1f}"
+
+
+def allocator_gap_words(runs: Sequence[LongRun]) -> str:
+    """For each stack whose long runs ran under both allocator settings, how far reserved stood above
+    allocated at the step peak, step by step, under each: "ColQwen2's reserved − allocated at the step
+    peak, step by step, ranged 5.8–27.5 GiB under the default allocator and 0.4–4.5 GiB under
+    expandable segments". Empty where no stack ran under both."""
+    said = []
+    for stack in sorted({run.cell.spec.stack for run in runs}):
+        gaps: dict[str, list[float]] = {}
+        for run in runs:
+            if run.cell.spec.stack == stack and run.fragmentation_per_step:
+                gaps.setdefault(run.cell.spec.allocator, []).extend(run.fragmentation_per_step)
+        if len(gaps) < 2:
+            continue
+        settings = [f"{_gib_range(values)} GiB under "
+                    + ("the default allocator" if allocator == "default" else f"{allocator} segments")
+                    for allocator, values in sorted(gaps.items(), key=lambda item: item[0] != "default")]  # fmt: skip
+        said.append(f"{STACK_NAMES.get(stack, stack)}'s reserved − allocated at the step peak, step by step, ranged "
+                    f"{' and '.join(settings)}")  # fmt: skip
+    return "; ".join(said)
 
 
 def reading(runs: Sequence[LongRun]) -> str:
@@ -212,6 +243,9 @@ def reading(runs: Sequence[LongRun]) -> str:
             among = "" if len(measured) == 1 else " of the runs that did not run out of memory"
             sentences.append(f"the largest rise of reserved memory after step {HORIZON} over the first {HORIZON} steps' "
                              f"peak{among} is {most:.0f} MiB ({most_run.name})")  # fmt: skip
+    gap = allocator_gap_words(runs)
+    if gap:
+        sentences.append(gap)
     if len(ran) + len(cut) < len(runs):
         left = len(runs) - len(ran) - len(cut)
         sentences.append(f"{left} more {'has' if left == 1 else 'have'} not run yet")
