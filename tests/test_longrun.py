@@ -57,8 +57,8 @@ def test_every_planned_long_run_is_listed_with_how_it_ended(tmp_path):
     table = longrun.table(runs, searches=[])
     assert list(table["outcome"]) == ["trained every step", "oom at step 13", "not run yet"]
     assert list(table["steps"]) == ["20 of 20", "12 of 20", "0 of 30"]
-    assert list(table["after step 8: reserved / reserved − alloc (MiB)"]) == ["+512 / +512", "+300 / +300", ""]
-    assert list(table["batch (search's ceiling)"]) == ["120 (no search)", "160 (no search)", "640 (no search)"]
+    assert list(table[longrun.AFTER]) == ["+512 / +512", "+300 / +300", ""]
+    assert list(table[longrun.BATCH]) == ["120 (no search)", "160 (no search)", "640 (no search)"]
     # reserved − allocated over the steps: vanilla 100 MiB, then 612; lik 200, then 500
     assert list(table[longrun.GAP]) == ["0.1–0.6", "0.2–0.5", ""]
     assert longrun.allocator_gap_words(runs) == ""  # one allocator setting: nothing to compare
@@ -101,7 +101,7 @@ def test_the_committed_long_run_grid_reads_with_or_without_results():
     table = longrun.table(runs, data.ceilings())
     assert len(table) == len(runs) and not table.isna().any().any()
     # the batch each long run trains is its search's settled 80 GB ceiling
-    for run, shown in zip(runs, table["batch (search's ceiling)"], strict=True):
+    for run, shown in zip(runs, table[longrun.BATCH], strict=True):
         assert shown in (f"{run.cell.spec.batch_size} ({run.cell.spec.batch_size})", f"{run.cell.spec.batch_size} (not settled)")
     if not any(run.result or run.progress for run in runs):
         assert longrun.reading(runs).startswith(f"None of the {len(runs)} long runs has run yet")
@@ -139,8 +139,8 @@ def test_a_run_cut_short_by_its_host_is_read_from_its_progress(tmp_path):
     assert run.after_horizon(run.reserved_per_step) == 64.0 and run.after_horizon(run.fragmentation_per_step) == 0.0
 
     table = longrun.table(longrun.long_runs(results, grid), searches=[])
-    assert table["outcome"][2] == "cut short by its host (no OOM up to there)" and table["steps"][2] == "20 of 30"
-    assert table["after step 8: reserved / reserved − alloc (MiB)"][2] == "+64 / 0"
+    assert table["outcome"][2] == "cut short by its host (no OOM)" and table["steps"][2] == "20 of 30"
+    assert table[longrun.AFTER][2] == "+64 / 0"
     text = longrun.reading(longrun.long_runs(results, grid))
     assert "PyLate vanilla at B = 640 on 80 GB trained 20 of 30 steps before its host was taken back" in text
     assert "more have not run yet" not in text  # every planned run ran, in full or in part
@@ -165,10 +165,10 @@ def test_what_a_long_run_costs_alone_is_estimated_from_the_cells_timed_alone(tmp
     # one batch: in proportion to the batch, 30 steps
     assert longrun.estimated_minutes(runs[2], timed) == pytest.approx(30 * 2.0 * 640 / 512 / 60)
     table = longrun.table(runs, searches=[], timed=timed)
-    assert list(table["GPU min alone (est.)"]) == ["2", "no timed cell", "1"]
+    assert list(table[longrun.MINUTES]) == ["2", "no timed cell", "1"]
     # no cell timed at all (a checkout with no results): every run says so
     nothing = longrun.table(runs, searches=[], timed=pd.DataFrame())
-    assert list(nothing["GPU min alone (est.)"]) == ["no timed cell"] * 3
+    assert list(nothing[longrun.MINUTES]) == ["no timed cell"] * 3
 
 
 def test_a_ceiling_probe_is_costed_from_the_cells_of_its_regime_and_backend():

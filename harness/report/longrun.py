@@ -141,26 +141,33 @@ def _ceiling_of(run: LongRun, searches: Sequence[SearchRow]) -> str:
     return str(row.fits) if row.done and row.fits is not None else "not settled"
 
 
+# the table's columns, short enough for a page: the batch with its search's ceiling, the GPU minutes
+# a run takes alone, the rise after the 8-step horizon, and the slack (reserved − allocated) per step
+BATCH = "batch (ceiling)"
+MINUTES = "GPU min (est.)"
+AFTER = f"after step {HORIZON} (MiB): reserved / slack"
+GAP = "slack per step (GiB)"  # its range over the run's steps
+
+
 def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per planned long run: what it trained, how it ended, how reserved memory and
     reserved − allocated moved after the ceiling's 8-step horizon and, with ``timed`` (the cells
     timed under the timing rule), the GPU minutes it takes alone (:func:`estimated_minutes`)."""
     rows = []
-    after = f"after step {HORIZON}: reserved / reserved − alloc (MiB)"
     for run in runs:
         spec, result = run.cell.spec, run.result
         row = {"stack · backend": f"{spec.stack} · {run.backend}",
                "card · allocator": f"{card_short(spec.card)} · {spec.allocator}",
-               "batch (search's ceiling)": f"{spec.batch_size} ({_ceiling_of(run, searches)})"}  # fmt: skip
+               BATCH: f"{spec.batch_size} ({_ceiling_of(run, searches)})"}  # fmt: skip
         if timed is not None:
             minutes = estimated_minutes(run, timed)
-            row["GPU min alone (est.)"] = "no timed cell" if minutes is None else f"{minutes:.0f}"
+            row[MINUTES] = "no timed cell" if minutes is None else f"{minutes:.0f}"
         reserved = run.reserved_per_step
         grew, frag_grew = run.after_horizon(reserved), run.after_horizon(run.fragmentation_per_step)
         if result is None and not run.cut:
             outcome = "not run yet"
         elif result is None:
-            outcome = "cut short by its host (no OOM up to there)"
+            outcome = "cut short by its host (no OOM)"
         elif run.held:
             outcome = "trained every step"
         elif result.outcome == "oom":
@@ -170,13 +177,10 @@ def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.Data
         rows.append(row | {
             "steps": f"{run.steps_trained} of {spec.steps}", "outcome": outcome,
             "peak reserved (GiB)": "" if not reserved else f"{max(reserved) * GIB_PER_MIB:.2f}",
-            after: "" if grew is None or frag_grew is None else f"{signed(grew, '+.0f')} / {signed(frag_grew, '+.0f')}",
+            AFTER: "" if grew is None or frag_grew is None else f"{signed(grew, '+.0f')} / {signed(frag_grew, '+.0f')}",
             GAP: "" if not run.fragmentation_per_step else _gib_range(run.fragmentation_per_step),
         })  # fmt: skip
     return pd.DataFrame(rows)
-
-
-GAP = "reserved − alloc per step (GiB)"  # the table's column: its range over the run's steps
 
 
 def _gib_range(values: Sequence[float]) -> str:
