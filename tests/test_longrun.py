@@ -55,8 +55,9 @@ def test_every_planned_long_run_is_listed_with_how_it_ended(tmp_path):
     assert runs[0].after_horizon(runs[0].result.fragmentation_per_step_mib) == 512.0  # 1512 − 900 past 1000 − 900
 
     table = longrun.table(runs, searches=[])
-    assert list(table["outcome"]) == ["trained every step", "oom at step 13", "not run yet"]
-    assert list(table["steps"]) == ["20 of 20", "12 of 20", "0 of 30"]
+    assert list(table[longrun.OUTCOME]) == ["trained all 20 steps", "oom at step 13 of 20", "not run yet (30 steps)"]
+    assert list(table[longrun.RUN]) == ["ColQwen2 vanilla, 80 GB, default", "ColQwen2 lik, 80 GB, default",
+                                        "PyLate vanilla, 80 GB, default"]  # fmt: skip
     assert list(table[longrun.AFTER]) == ["+512 / +512", "+300 / +300", ""]
     assert list(table[longrun.BATCH]) == ["120 (no search)", "160 (no search)", "640 (no search)"]
     # reserved − allocated over the steps: vanilla 100 MiB, then 612; lik 200, then 500
@@ -139,7 +140,7 @@ def test_a_run_cut_short_by_its_host_is_read_from_its_progress(tmp_path):
     assert run.after_horizon(run.reserved_per_step) == 64.0 and run.after_horizon(run.fragmentation_per_step) == 0.0
 
     table = longrun.table(longrun.long_runs(results, grid), searches=[])
-    assert table["outcome"][2] == "cut short by its host (no OOM)" and table["steps"][2] == "20 of 30"
+    assert table[longrun.OUTCOME][2] == "20 of 30 steps, then cut short by its host (no OOM)"
     assert table[longrun.AFTER][2] == "+64 / 0"
     text = longrun.reading(longrun.long_runs(results, grid))
     assert "PyLate vanilla at B = 640 on 80 GB trained 20 of 30 steps before its host was taken back" in text

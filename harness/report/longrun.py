@@ -143,10 +143,12 @@ def _ceiling_of(run: LongRun, searches: Sequence[SearchRow]) -> str:
 
 # the table's columns, short enough for a page: the batch with its search's ceiling, the GPU minutes
 # a run takes alone, the rise after the 8-step horizon, and the slack (reserved − allocated) per step
+RUN = "run"  # stack and backend, card, allocator setting
 BATCH = "batch (ceiling)"
 MINUTES = "GPU min (est.)"
 AFTER = f"after step {HORIZON} (MiB): reserved / slack"
 GAP = "slack per step (GiB)"  # its range over the run's steps
+OUTCOME = "outcome"  # how it ended, with the steps it trained
 
 
 def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -156,8 +158,7 @@ def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.Data
     rows = []
     for run in runs:
         spec, result = run.cell.spec, run.result
-        row = {"stack · backend": f"{spec.stack} · {run.backend}",
-               "card · allocator": f"{card_short(spec.card)} · {spec.allocator}",
+        row = {RUN: f"{STACK_NAMES.get(spec.stack, spec.stack)} {run.backend}, {card_short(spec.card)}, {spec.allocator}",
                BATCH: f"{spec.batch_size} ({_ceiling_of(run, searches)})"}  # fmt: skip
         if timed is not None:
             minutes = estimated_minutes(run, timed)
@@ -165,17 +166,17 @@ def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.Data
         reserved = run.reserved_per_step
         grew, frag_grew = run.after_horizon(reserved), run.after_horizon(run.fragmentation_per_step)
         if result is None and not run.cut:
-            outcome = "not run yet"
+            outcome = f"not run yet ({spec.steps} steps)"
         elif result is None:
-            outcome = "cut short by its host (no OOM)"
+            outcome = f"{run.steps_trained} of {spec.steps} steps, then cut short by its host (no OOM)"
         elif run.held:
-            outcome = "trained every step"
+            outcome = f"trained all {spec.steps} steps"
         elif result.outcome == "oom":
-            outcome = f"oom at step {run.steps_trained + 1}"
+            outcome = f"oom at step {run.steps_trained + 1} of {spec.steps}"
         else:
-            outcome = f"{result.outcome} (no memory verdict)"
+            outcome = f"{result.outcome} after {run.steps_trained} of {spec.steps} steps (no memory verdict)"
         rows.append(row | {
-            "steps": f"{run.steps_trained} of {spec.steps}", "outcome": outcome,
+            OUTCOME: outcome,
             "peak reserved (GiB)": "" if not reserved else f"{max(reserved) * GIB_PER_MIB:.2f}",
             AFTER: "" if grew is None or frag_grew is None else f"{signed(grew, '+.0f')} / {signed(frag_grew, '+.0f')}",
             GAP: "" if not run.fragmentation_per_step else _gib_range(run.fragmentation_per_step),
