@@ -23,7 +23,7 @@ from matplotlib.ticker import MaxNLocator
 from harness.grid import GridCell, load_grid
 from harness.report import style
 from harness.report.data import GIB_PER_MIB, LONG_RUN, LongRunVerdict, Results, SearchRow, backend_label, find_search
-from harness.report.text import STACK_NAMES, card_short, oom_held_mib, requested_mib, signed
+from harness.report.text import STACK_NAMES, card_short, oom_held_mib, requested_mib, signed, span
 from harness.results import CellResult, Progress, load_progress
 from harness.spec import TrainSpec
 
@@ -186,8 +186,7 @@ def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.Data
 
 def _gib_range(values: Sequence[float]) -> str:
     """'8.1–28.2': the smallest and largest of MiB values, in GiB."""
-    low, high = min(values) * GIB_PER_MIB, max(values) * GIB_PER_MIB
-    return f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}–{high:.1f}"
+    return span(min(values) * GIB_PER_MIB, max(values) * GIB_PER_MIB)
 
 
 def allocator_gap_words(runs: Sequence[LongRun]) -> str:

@@ -37,6 +37,7 @@ from harness.report.text import (
     ran_out_of_host_memory,
     regime_label,
     requested_mib,
+    span,
 )
 from harness.results import CellResult, Skipped
 from harness.spec import CARDS
@@ -1085,9 +1086,8 @@ def collate_memory_words(collate: pd.DataFrame, batch_size: int) -> str:
     low, high = collate["collate_mib_per_page"].min(), collate["collate_mib_per_page"].max()
     workers = int(collate["workers"].iloc[0])
     batches = ", ".join(str(batch) for batch in collate["batch_size"])
-    per_page = f"{low:.0f} MiB" if round(low) == round(high) else f"{low:.0f}–{high:.0f} MiB"
-    at_once = [workers * batch_size * mib / 1024 for mib in (low, high)]
-    gib = f"{at_once[0]:.0f} GiB" if round(at_once[0]) == round(at_once[1]) else f"{at_once[0]:.0f}–{at_once[1]:.0f} GiB"
+    per_page = f"{span(low, high, '.0f')} MiB"
+    gib = f"{span(workers * batch_size * low * GIB_PER_MIB, workers * batch_size * high * GIB_PER_MIB, '.0f')} GiB"
     return (f"Collating a ColQwen2 batch on the CPU raised a process's peak resident memory by {per_page} a page "
             f"(batches of {batches} pages, `tools/collate_host_memory.py`), and each of the recipe's {workers} dataloader "
             f"workers collates a whole batch: at B = {batch_size} that is ≈ {gib} of host memory while all {workers} "

@@ -55,6 +55,12 @@ def nowrap(label: str) -> str:
     return label.replace(" ", "\u00a0")
 
 
+def span(low: float, high: float, spec: str = ".1f") -> str:
+    """'5.8–27.5': a range of values formatted with ``spec``, or one value where both read the same."""
+    low_text, high_text = format(low, spec), format(high, spec)
+    return low_text if low_text == high_text else f"{low_text}–{high_text}"
+
+
 def failed_request(message: object) -> str:
     """The failed request of an OOM message: "CUDA out of memory. Tried to allocate X GiB. ..." → its 2nd sentence."""
     sentences = str(message).split(". ")
