@@ -431,10 +431,10 @@ def grid_steps(cells: pd.DataFrame) -> str:
     if done.empty:
         done = train["steps"]
     low, high = int(done.min()), int(done.max())
-    span = f"{low} steps" if low == high else f"{low}–{high} steps"
+    steps = f"{span(low, high, 'd')} steps"
     if len(steady) == 1 and (count := steady.pop()) > 0:
-        return f"{who}, trained until {count} steady steps were timed: {span}"
-    return f"{who}, {span}"
+        return f"{who}, trained until {count} steady steps were timed: {steps}"
+    return f"{who}, {steps}"
 
 
 def _grid_reach(cells: pd.DataFrame, stack: str, regime: str, backend: str, card: str) -> str:
@@ -620,8 +620,8 @@ def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
             sentences.append(f"Where both runs trained ({len(deltas)} cells), our step peak allocated equals the published "
                              "one to the hundredth of a GiB (the Δ column)")  # fmt: skip
         else:
-            span = percent(low) if percent(low) == percent(high) else f"{percent(low)} to {percent(high)}"
-            sentences.append(f"Where both runs trained ({len(deltas)} cells), our step peak allocated is {span} off the "
+            off = percent(low) if percent(low) == percent(high) else f"{percent(low)} to {percent(high)}"
+            sentences.append(f"Where both runs trained ({len(deltas)} cells), our step peak allocated is {off} off the "
                              "published one (the Δ column)")  # fmt: skip
     else:
         sentences.append("The published run gives no step peak for a cell that trained here, only outcomes, so there is "
@@ -631,8 +631,7 @@ def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
     else:
         sentences.append(f"The outcome (trained or out of memory) agrees at all {compared} published cells")
     if times:
-        span = f"{min(times):.2f}×" if f"{min(times):.2f}" == f"{max(times):.2f}" else f"{min(times):.2f}–{max(times):.2f}×"
-        sentences.append(f"Our steady step times are {span} the published ones ({len(times)} cells): the H200 is not the "
+        sentences.append(f"Our steady step times are {span(min(times), max(times), '.2f')}× the published ones ({len(times)} cells): the H200 is not the "
                          "H100, so compare backends within one run, not across the two")  # fmt: skip
     return ". ".join(sentences) + "."
 
@@ -1033,9 +1032,7 @@ def lik_spike_reading(experiments: Sequence[dict[str, object]], ops: pd.DataFram
         committed = pd.Series(dtype=float) if op.empty else op["backward_transient_peak_mib"].dropna()
         text = f"B={batch}: tuned {value:.1f} MiB"
         if not replay.empty:
-            low, high = f"{replay.min():.1f}", f"{replay.max():.1f}"
-            span = low if low == high else f"{low}–{high}"
-            text += f", the training cells' replays {span} MiB"
+            text += f", the training cells' replays {span(replay.min(), replay.max())} MiB"
         if not committed.empty:
             text += f", the committed op cell {committed.iloc[0]:.1f} MiB"
         parts.append(text)
