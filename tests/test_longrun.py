@@ -70,7 +70,13 @@ def test_every_planned_long_run_is_listed_with_how_it_ended(tmp_path):
         "and 0.2–0.5 GiB under expandable segments")  # fmt: skip
 
     text = longrun.reading(runs)
-    assert text.startswith("1 of the 2 long runs that ended trained every step at their batch")
+    assert text.startswith("ColQwen2 vanilla at B = 120 on 80 GB trained every step at its batch (1 of the 2 long "
+                           "runs that ended); ColQwen2 lik at B = 160")  # fmt: skip
+    both = longrun.reading([runs[0], runs[0], runs[1]])
+    assert both.startswith("ColQwen2 vanilla at B = 120 on 80 GB and ColQwen2 vanilla at B = 120 on 80 GB trained every "
+                           "step at their batch (2 of the 3 long runs that ended)")  # fmt: skip
+    assert longrun.reading([runs[1], runs[2]]).startswith(
+        "ColQwen2 lik at B = 160 on 80 GB ran out of memory")  # fmt: skip
     assert ("ColQwen2 lik at B = 160 on 80 GB ran out of memory after 12 of 20 steps, so its 8-step ceiling does not "
             "hold over a run: after step 8 its reserved peak changed +300 MiB while its allocated peak changed 0 MiB, and "
             "the request that failed (0.25 GiB) found 0.50 GiB reserved but unallocated: the default allocator's cache, "

@@ -222,8 +222,12 @@ def reading(runs: Sequence[LongRun]) -> str:
     failed = [run for run in ran if not run.held]
     if len(held) == len(ran) == 1:  # one run: named, not counted
         sentences = [f"{held[0].name} trained all {held[0].cell.spec.steps} of its steps"]
+    elif held:
+        names = ", ".join(run.name for run in held[:-1]) + f" and {held[-1].name}" if len(held) > 1 else held[0].name
+        sentences = [f"{names} trained every step at {'their' if len(held) > 1 else 'its'} batch ({len(held)} of the "
+                     f"{len(ran)} long runs that ended)"]  # fmt: skip
     else:
-        sentences = [f"{len(held)} of the {len(ran)} long runs that ended trained every step at their batch"] if ran else []
+        sentences = [f"none of the {len(ran)} long runs that ended trained every step at its batch"] if len(ran) > 1 else []
     for run in failed:
         assert run.result is not None
         if run.result.outcome == "oom":
