@@ -71,7 +71,7 @@ def test_every_planned_long_run_is_listed_with_how_it_ended(tmp_path):
 
     text = longrun.reading(runs)
     assert text.startswith("ColQwen2 vanilla at B = 120 on 80 GB trained every step at its batch (1 of the 2 long "
-                           "runs that ended); ColQwen2 lik at B = 160")  # fmt: skip
+                           "runs that ended). ColQwen2 lik at B = 160")  # fmt: skip
     both = longrun.reading([runs[0], runs[0], runs[1]])
     assert both.startswith("ColQwen2 vanilla at B = 120 on 80 GB and ColQwen2 vanilla at B = 120 on 80 GB trained every "
                            "step at their batch (2 of the 3 long runs that ended)")  # fmt: skip
@@ -80,7 +80,7 @@ def test_every_planned_long_run_is_listed_with_how_it_ended(tmp_path):
     assert ("ColQwen2 lik at B = 160 on 80 GB ran out of memory after 12 of 20 steps, so its 8-step ceiling does not "
             "hold over a run: after step 8 its reserved peak changed +300 MiB while its allocated peak changed 0 MiB, and "
             "the request that failed (0.25 GiB) found 0.50 GiB reserved but unallocated: the default allocator's cache, "
-            "fragmented, could not serve it;") in text  # fmt: skip
+            "fragmented, could not serve it.") in text  # fmt: skip
     assert "512 MiB (ColQwen2 vanilla at B = 120 on 80 GB)" in text and "1 more has not run yet" in text
     # a search whose ceiling is a long run's batch carries how that run ended
     search = CeilingSearch(stack="colpali", regime="plain", variant="lik", card="h100-80gb", seeds=(42, 43, 44),
@@ -98,8 +98,8 @@ def test_a_single_long_run_that_ended_is_named_not_counted(tmp_path):
     first, _, planned = longrun.long_runs(results, grid)
     flat = first.result.model_copy(update={"step_peak_reserved_per_step_mib": [1000.0] * 20})
     assert longrun.reading([dataclasses.replace(first, result=flat), planned]) == (
-        "ColQwen2 vanilla at B = 120 on 80 GB trained all 20 of its steps; it reserved no more after step 8 than "
-        "within the first 8 steps; 1 more has not run yet.")  # fmt: skip
+        "ColQwen2 vanilla at B = 120 on 80 GB trained all 20 of its steps. It reserved no more after step 8 than "
+        "within the first 8 steps. 1 more has not run yet.")  # fmt: skip
 
 
 def test_the_committed_long_run_grid_reads_with_or_without_results():
@@ -153,7 +153,7 @@ def test_a_run_cut_short_by_its_host_is_read_from_its_progress(tmp_path):
     assert "more have not run yet" not in text  # every planned run ran, in full or in part
     # the largest rise of reserved memory past the first 8 steps' peak among the runs that held or were
     # cut: vanilla's 512 MiB, not the cut run's 64 nor the OOM run's 300
-    assert ("the largest rise of reserved memory after step 8 over the first 8 steps' peak of the runs that did not "
+    assert ("The largest rise of reserved memory after step 8 over the first 8 steps' peak of the runs that did not "
             "run out of memory is 512 MiB (ColQwen2 vanilla at B = 120 on 80 GB)") in text  # fmt: skip
     assert longrun.plot(longrun.long_runs(results, grid)) is not None
 

@@ -257,8 +257,7 @@ def reading(runs: Sequence[LongRun]) -> str:
     if len(ran) + len(cut) < len(runs):
         left = len(runs) - len(ran) - len(cut)
         sentences.append(f"{left} more {'has' if left == 1 else 'have'} not run yet")
-    text = "; ".join(sentences)
-    return text[0].upper() + text[1:] + "."
+    return ". ".join(sentence[0].upper() + sentence[1:] for sentence in sentences) + "."
 
 
 def _why_out(run: LongRun) -> str:
