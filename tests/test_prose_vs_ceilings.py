@@ -340,3 +340,18 @@ def test_the_committed_crash_reading_names_every_stopped_search(searches):
     assert (reading == "") == (not stopped)
     assert all(f"the probe at {row.ceiling.next_batch}" in reading and row.crash_message.split("; ")[-1] in reading
                for row in stopped)  # fmt: skip
+
+
+def test_the_allocator_reading_goes_by_stack_then_card_from_the_smallest_then_backend():
+    both = []
+    for backend, card, stack in [("lik", "h100-80gb", "pylate"), ("vanilla", "h100-80gb", "pylate"),
+                                 ("vanilla", "rtx4090-24gb", "pylate"), ("vanilla", "native", "colpali")]:  # fmt: skip
+        default = row(backend, card, 176, 184, stack=stack)
+        expandable = dataclasses.replace(default, search=default.search.model_copy(update={"allocator": "expandable"}))
+        both += [default, expandable]
+    lines = prose.allocator_reading(both)
+    assert [line.split(":")[0] for line in lines] == [
+        "colpali · recipe (grad-checkpointed), vanilla on 141 GB (the whole H200)",
+        "pylate · plain, vanilla on 24 GB (RTX4090 profile, 22.96 GiB on an H200)",
+        "pylate · plain, vanilla on 80 GB (H100 profile, 78.43 GiB on an H200)",
+        "pylate · plain, lik on 80 GB (H100 profile, 78.43 GiB on an H200)"]  # fmt: skip

@@ -148,12 +148,16 @@ def binding_reading(searches: Sequence[SearchRow], allocator: str = "default") -
 
 
 def allocator_reading(searches: Sequence[SearchRow]) -> list[str]:
-    """Per stack, regime, backend and card searched under both allocator settings: the two ceilings,
-    and reserved − allocated at each ceiling's step peak (the memory fragmentation kept from use)."""
+    """Per stack, regime, backend and card searched under both allocator settings (by stack and regime,
+    then card from the smallest, then backend in the legend's order): the two ceilings, and reserved −
+    allocated at each ceiling's step peak (the memory fragmentation kept from use)."""
     ran = [row for row in searches if row.probes > 0]
+    groups = group_by(ran, "stack", "regime", "backend", "card")
+    cards, backends = cards_in_order(row.card for row in ran), style.in_order(row.backend for row in ran)
     lines = []
-    for (stack, regime, backend, card), group in group_by(ran, "stack", "regime", "backend", "card").items():
-        rows = {row.allocator: row for row in group}
+    for stack, regime, backend, card in sorted(groups, key=lambda key: (str(key[0]), str(key[1]), cards.index(str(key[3])),
+                                                                         backends.index(str(key[2])))):  # fmt: skip
+        rows = {row.allocator: row for row in groups[(stack, regime, backend, card)]}
         if not {"default", "expandable"} <= rows.keys():
             continue
         default, expandable = rows["default"], rows["expandable"]
@@ -631,8 +635,9 @@ def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
     else:
         sentences.append(f"The outcome (trained or out of memory) agrees at all {compared} published cells")
     if times:
-        sentences.append(f"Our steady step times are {span(min(times), max(times), '.2f')}× the published ones ({len(times)} cells): the H200 is not the "
-                         "H100, so compare backends within one run, not across the two")  # fmt: skip
+        sentences.append(f"Our steady step times are {span(min(times), max(times), '.2f')}× the published ones "
+                         f"({len(times)} cells): the H200 is not the H100, so compare backends within one run, not "
+                         "across the two")  # fmt: skip
     return ". ".join(sentences) + "."
 
 
