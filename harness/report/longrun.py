@@ -23,7 +23,7 @@ from matplotlib.ticker import MaxNLocator
 from harness.grid import GridCell, load_grid
 from harness.report import style
 from harness.report.data import GIB_PER_MIB, LONG_RUN, LongRunVerdict, Results, SearchRow, backend_label, find_search
-from harness.report.text import STACK_NAMES, card_short, oom_held_mib, requested_mib, signed, span
+from harness.report.text import STACK_NAMES, card_short, joined, oom_held_mib, requested_mib, signed, span
 from harness.results import CellResult, Progress, load_progress
 from harness.spec import TrainSpec
 
@@ -223,9 +223,9 @@ def reading(runs: Sequence[LongRun]) -> str:
     if len(held) == len(ran) == 1:  # one run: named, not counted
         sentences = [f"{held[0].name} trained all {held[0].cell.spec.steps} of its steps"]
     elif held:
-        names = ", ".join(run.name for run in held[:-1]) + f" and {held[-1].name}" if len(held) > 1 else held[0].name
-        sentences = [f"{names} trained every step at {'their' if len(held) > 1 else 'its'} batch ({len(held)} of the "
-                     f"{len(ran)} long runs that ended)"]  # fmt: skip
+        their = "their" if len(held) > 1 else "its"
+        sentences = [f"{joined([run.name for run in held])} trained every step at {their} batch ({len(held)} of "
+                     f"the {len(ran)} long runs that ended)"]  # fmt: skip
     else:
         sentences = [f"none of the {len(ran)} long runs that ended trained every step at its batch"] if len(ran) > 1 else []
     for run in failed:

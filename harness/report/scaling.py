@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from harness import op_bytes
 from harness.grid import load_grid
 from harness.report import data, style, tables, timing
-from harness.report.text import STACK_NAMES, card_short, cards_in_order, nowrap
+from harness.report.text import STACK_NAMES, card_short, cards_in_order, joined, nowrap
 from harness.results import CellResult
 from harness.spec import CARDS, GRADCACHE, GRADCACHE_MINI_BATCH, TrainSpec
 
@@ -51,10 +51,6 @@ def _gib(mib: float) -> str:
 def _card(name: str) -> str:
     """A card as a narrow table cell: '141 GB', '80 GB'."""
     return nowrap(card_short(name).split(" (")[0])
-
-
-def _join(parts: Sequence[str]) -> str:
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 # ---- GradCache -----------------------------------------------------------------------------------
@@ -228,7 +224,7 @@ def gradcache_reading(cells: pd.DataFrame, calls: pd.DataFrame) -> list[str]:
     fused = reaches(cells)
     if fused:
         missed = [r for r in fused if r.entry_point_calls == 0]
-        counts = _join([f"{r.backend} {r.entry_point_calls} for {r.score_calls}" for r in fused
+        counts = joined([f"{r.backend} {r.entry_point_calls} for {r.score_calls}" for r in fused
                         if r.cell_id.endswith("-native")] or [f"{r.backend} {r.entry_point_calls}" for r in fused])  # fmt: skip
         lines.append("The fused kernels run inside the cached loss: "
                      + ("every fused cell's kernel entry points counted calls in training (" + counts
@@ -244,7 +240,7 @@ def gradcache_reading(cells: pd.DataFrame, calls: pd.DataFrame) -> list[str]:
         for chunk in chunks_of(cells):
             over = [f"{card_short(name)} from B = {batch_over(call, chunk, card.usable_gib):,}"
                     for name, card in CARDS.items() if card.usable_gib is not None]  # fmt: skip
-            parts.append(f"with {chunk} queries per score call, " + _join(over))
+            parts.append(f"with {chunk} queries per score call, " + joined(over))
         agree = "to the MiB" if gap is not None and gap < 1 else f"within {gap:.1f} MiB"
         lines.append("Predicted (the op formula at the recorded shapes, which every vanilla GradCache replay matches "
                      f"{agree}): vanilla's score call grows linearly with B and alone needs more than a "

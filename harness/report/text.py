@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -59,6 +60,11 @@ def span(low: float, high: float, spec: str = ".1f") -> str:
     """'5.8–27.5': a range of values formatted with ``spec``, or one value where both read the same."""
     low_text, high_text = format(low, spec), format(high, spec)
     return low_text if low_text == high_text else f"{low_text}–{high_text}"
+
+
+def joined(parts: Sequence[str]) -> str:
+    """'a, b and c': parts in a sentence."""
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def failed_request(message: object) -> str:
