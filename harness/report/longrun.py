@@ -23,7 +23,16 @@ from matplotlib.ticker import MaxNLocator
 from harness.grid import GridCell, load_grid
 from harness.report import style
 from harness.report.data import GIB_PER_MIB, LONG_RUN, LongRunVerdict, Results, SearchRow, backend_label, find_search
-from harness.report.text import STACK_NAMES, card_short, joined, oom_held_mib, requested_mib, signed, span
+from harness.report.text import (
+    STACK_NAMES,
+    allocator_words,
+    card_short,
+    joined,
+    oom_held_mib,
+    requested_mib,
+    signed,
+    span,
+)
 from harness.results import CellResult, Progress, load_progress
 from harness.spec import TrainSpec
 
@@ -70,7 +79,7 @@ class LongRun:
     def name(self) -> str:
         """The run in words: 'ColQwen2 vanilla at B = 120 on 80 GB, expandable segments'."""
         spec = self.cell.spec
-        allocator = ", expandable segments" if spec.allocator == "expandable" else ""
+        allocator = "" if spec.allocator == "default" else f", {allocator_words(spec.allocator)}"
         stack = STACK_NAMES.get(spec.stack, spec.stack)
         return f"{stack} {self.backend} at B = {spec.batch_size} on {card_short(spec.card)}{allocator}"
 
@@ -202,11 +211,10 @@ def allocator_gap_words(runs: Sequence[LongRun]) -> str:
                 gaps.setdefault(run.cell.spec.allocator, []).extend(run.fragmentation_per_step)
         if len(gaps) < 2:
             continue
-        settings = [f"{_gib_range(values)} GiB under "
-                    + ("the default allocator" if allocator == "default" else f"{allocator} segments")
+        settings = [f"{_gib_range(values)} GiB under {'the ' if allocator == 'default' else ''}{allocator_words(allocator)}"
                     for allocator, values in sorted(gaps.items(), key=lambda item: item[0] != "default")]  # fmt: skip
         said.append(f"{STACK_NAMES.get(stack, stack)}'s reserved − allocated at the step peak, step by step, ranged "
-                    f"{' and '.join(settings)}")  # fmt: skip
+                    f"{joined(settings)}")  # fmt: skip
     return "; ".join(said)
 
 
@@ -305,8 +313,7 @@ def plot(runs: Sequence[LongRun]) -> Figure | None:
                 axis.plot([len(reserved) + 1], [reserved[-1]], color=colour, marker="x", markersize=8, linestyle="none",
                           label=f"{label}: {run.result.outcome} at step {len(reserved) + 1}")  # fmt: skip
         axis.axvline(HORIZON, color="#7f7f7f", linewidth=0.8, linestyle="--")
-        setting = "default allocator" if allocator == "default" else f"{allocator} segments"
-        axis.set_title(f"{STACK_NAMES.get(stack, stack)}, {setting}: step peaks per step", fontsize=10)
+        axis.set_title(f"{STACK_NAMES.get(stack, stack)}, {allocator_words(allocator)}: step peaks per step", fontsize=10)
         axis.set_xlabel("optimizer step")
         axis.set_ylabel("GiB")
         axis.grid(alpha=0.3)

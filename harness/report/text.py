@@ -62,6 +62,11 @@ def span(low: float, high: float, spec: str = ".1f") -> str:
     return low_text if low_text == high_text else f"{low_text}–{high_text}"
 
 
+def allocator_words(allocator: str) -> str:
+    """An allocator setting in words: 'default allocator', 'expandable segments'."""
+    return "default allocator" if allocator == "default" else f"{allocator} segments"
+
+
 def joined(parts: Sequence[str]) -> str:
     """'a, b and c': parts in a sentence."""
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
