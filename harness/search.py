@@ -38,7 +38,7 @@ from harness.spec import TrainSpec, admits, make_spec
 
 MIN_STEPS = 8
 SEARCH_FIELDS = ("stack", "regime", "variant", "score_mini_batch_size", "mini_batch_size", "card", "allocator",
-                 "world_size", "gather")  # fmt: skip
+                 "world_size", "gather", "dataloader_workers")  # fmt: skip
 EXPANDABLE = ("variant", "regime", "score_mini_batch_size", "mini_batch_size", "card", "allocator", "world_size")
 
 
@@ -57,6 +57,7 @@ class CeilingSearch(BaseModel):
     allocator: str = "default"
     world_size: int = Field(default=1, ge=1)  # a data-parallel search: its probes own W GPUs, the batch is per rank
     gather: bool = False
+    dataloader_workers: int | None = Field(default=None, ge=0)  # colpali: fewer than the recipe's, where its host's memory binds
     seeds: tuple[int, ...] = Field(min_length=1)
     steps: int = Field(default=MIN_STEPS, ge=MIN_STEPS)
     start: int = Field(gt=0)
@@ -93,7 +94,7 @@ class CeilingSearch(BaseModel):
     def probe(self, batch_size: int, seed: int) -> TrainSpec:
         """The spec of the probe at ``batch_size`` for ``seed``."""
         names = ("stack", "regime", "variant", "score_mini_batch_size", "mini_batch_size", "card", "allocator", "steps",
-                 "preset", "device", "model_source", "data_source", "world_size", "gather")  # fmt: skip
+                 "preset", "device", "model_source", "data_source", "world_size", "gather", "dataloader_workers")  # fmt: skip
         spec = make_spec({name: getattr(self, name) for name in names} | {"batch_size": batch_size, "seed": seed})
         assert isinstance(spec, TrainSpec)
         return spec

@@ -247,6 +247,10 @@ class TrainSpec:
         default=False, metadata={"help": "negatives gathered across ranks: each rank scores its queries against every "
                                          "rank's documents (PyLate's gather_across_devices; colpali-engine's "
                                          "ContrastiveTrainer always gathers under torch.distributed)"})
+    dataloader_workers: int | None = dataclasses.field(
+        default=None, metadata={"help": "colpali only: the trainer's dataloader workers (None: the recipe's 4 on CUDA, "
+                                        "none on the CPU); they collate on the host, so they set the host's memory, "
+                                        "not the GPU's"})
 
     # papermill parameter names of the stack notebooks that differ from the field names
     NOTEBOOK_NAMES: ClassVar[dict[str, str]] = {"batch_size": "batch"}
@@ -294,6 +298,10 @@ class TrainSpec:
         if self.stack == "colpali" and self.world_size > 1 and not self.gather:
             raise SpecError("colpali-engine's ContrastiveTrainer always gathers the documents across processes: a "
                             "colpali cell of world_size above 1 needs gather: true.")  # fmt: skip
+        _positive("dataloader_workers", self.dataloader_workers, allow_none=True, minimum=0)
+        if self.dataloader_workers is not None and self.stack != "colpali":
+            raise SpecError(f"dataloader_workers is colpali-engine's recipe's (4 workers); the {self.stack} stack collates "
+                            "in the trainer's process.")  # fmt: skip
         if self.world_size > 1 and self.trace:
             raise SpecError("trace (parity) compares one process's gradients; run it with world_size 1.")
 
@@ -307,14 +315,16 @@ class TrainSpec:
 
     @property
     def setting_id(self) -> str:
-        """Backend, card and allocator: ``vanilla-chunk64-h100-80gb``, ``lik-native-expandable``."""
+        """Backend, card, allocator and dataloader workers: ``vanilla-chunk64-h100-80gb``,
+        ``lik-native-expandable``, ``lik-native-dw1`` (workers other than the recipe's)."""
         chunk = f"-chunk{self.score_mini_batch_size}" if self.score_mini_batch_size else ""
         if self.mini_batch_size:
             chunk = f"-mb{self.mini_batch_size}{chunk}"
         # the allocator and seed name a cell only where they differ from the defaults, so the ids
         # of cells run before those dimensions existed stay what they were
         allocator = f"-{self.allocator}" if self.allocator != "default" else ""
-        return f"{self.variant}{chunk}-{self.card}{allocator}"
+        workers = f"-dw{self.dataloader_workers}" if self.dataloader_workers is not None else ""
+        return f"{self.variant}{chunk}-{self.card}{allocator}{workers}"
 
     @property
     def cell_id(self) -> str:
@@ -334,8 +344,10 @@ class TrainSpec:
         allocator = f" · {self.allocator} allocator" if self.allocator != "default" else ""
         seed = f" · seed {self.seed}" if self.seed != DEFAULT_SEED else ""
         ranks = (f" · {self.world_size} GPUs" if self.world_size > 1 else "") + (" · gathered" if self.gather else "")
+        workers = "" if self.dataloader_workers is None else \
+            f" · {self.dataloader_workers} dataloader worker{'' if self.dataloader_workers == 1 else 's'}"
         return (f"{self.stack} · {self.regime} · B={self.batch_size} · {self.variant}{chunk} · {self.card}{allocator}"
-                f"{ranks}{seed}")  # fmt: skip
+                f"{workers}{ranks}{seed}")  # fmt: skip
 
     @property
     def folder(self) -> tuple[str, str]:

@@ -148,7 +148,7 @@ def test_the_committed_ceiling_grid_covers_every_card_backend_and_allocator():
     assert table.loc[("pylate", "gradcache", "vanilla"), forty] == tables.NO_SEARCH
     assert (table != "").all().all() and (table == tables.NO_SEARCH).sum().sum() == 2 * 4
     assert all(s.steps >= 8 and len(s.seeds) >= 3 and s.grid == "ceilings" for s in searches)
-    assert len({s.search_id for s in searches}) == len(searches) == 82
+    assert len({s.search_id for s in searches}) == len(searches) == 83
     assert [s.search_id for s in load_searches(ROOT / "grids" / "ceilings.yaml", ["colpali-plain-*-h100-80gb*"])] == [
         "colpali-plain-vanilla-h100-80gb", "colpali-plain-lik-h100-80gb",
         "colpali-plain-vanilla-h100-80gb-expandable", "colpali-plain-lik-h100-80gb-expandable"]  # fmt: skip

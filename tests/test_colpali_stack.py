@@ -218,3 +218,24 @@ def test_the_notebook_runs_with_only_batch_and_variant_given(tmp_path):
     assert (result.outcome, result.preset, result.env.device, result.batch_size) == ("ok", "tiny", "cpu", 2)
     assert result.spec == TrainSpec(batch_size=2, steps=1, warmup_steps=0, device="cpu", preset="tiny")
     assert result.grid is None and result.provenance.notebook_sha256
+
+
+def test_dataloader_workers_collate_in_another_process_and_train_the_same_batches(tmp_path, monkeypatch):
+    """Fewer workers than the recipe's (a ceiling probe whose host cannot hold four workers' batches)
+    move the collation, not the training: the same shapes reach the loss, with the same losses."""
+    monkeypatch.setenv("MAXSIM_PARITY_DIR", str(tmp_path / "store"))
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "worker").mkdir()
+    recipe = cell(tmp_path / "recipe", trace=True)  # no worker on the CPU
+    worker = cell(tmp_path / "worker", trace=True, dataloader_workers=1)
+    assert worker.outcome == recipe.outcome == "ok"
+    assert worker.cell_id == f"colpali-plain-b{BATCH}-vanilla-native-dw1" and worker.spec.dataloader_workers == 1
+    shapes = [[(call.query_shape, call.doc_shape) for call in result.maxsim_calls_in_train] for result in (recipe, worker)]
+    assert shapes[0] == shapes[1] and len(shapes[0]) == STEPS
+    assert worker.loss_per_step == pytest.approx(recipe.loss_per_step, rel=1e-6)
+    # and the trainer's dataloader is the one the cell names (the recipe's 4 where it names none, on CUDA)
+    from harness.stacks.colpali import STACK, dataloader_workers
+
+    spec = TrainSpec(stack="colpali", batch_size=BATCH, steps=STEPS, preset="tiny", device="cpu", dataloader_workers=2)
+    assert STACK.build(spec, torch.device("cpu")).trainer.args.dataloader_num_workers == 2
+    assert dataloader_workers(None, torch.device("cuda")) == 4 and dataloader_workers(None, torch.device("cpu")) == 0

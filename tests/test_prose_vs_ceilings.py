@@ -288,7 +288,8 @@ def test_a_search_stopped_by_a_crash_says_why_from_the_probes_marker():
     assert prose.crash_reading([killed]) == (
         "Stopped by a crash: ColQwen2 lik on 141 GB (whole H200), the probe at 320 — the host's out-of-memory killer "
         "killed 2 processes of this cell's control group while it ran (oom_kill 0 → 2): the host's memory, not the "
-        "GPU's, ran out. A probe the host's memory ended can be settled only on a host with more memory.")  # fmt: skip
+        "GPU's, ran out. A probe the host's memory ended is settled on a host with more memory, or by a search of its own "
+        "with fewer dataloader workers.")  # fmt: skip
 
 
 def test_a_colpali_probe_the_host_memory_ended_says_what_collating_its_batch_asks(tmp_path):
@@ -312,7 +313,8 @@ def test_a_colpali_probe_the_host_memory_ended_says_what_collating_its_batch_ask
     assert collate["collate_mib_per_page"].tolist() == [50.0, 54.0]
     # 4 workers × 320 pages × 50–54 MiB = 62.5–67.5 GiB
     assert prose.crash_reading([killed], collate).endswith(
-        "A probe the host's memory ended can be settled only on a host with more memory. Collating a ColQwen2 batch "
+        "A probe the host's memory ended is settled on a host with more memory, or by a search of its own with fewer "
+        "dataloader workers. Collating a ColQwen2 batch "
         "on the CPU raised a process's peak resident memory by 50–54 MiB a page (batches of 32, 128 pages, "
         "`tools/collate_host_memory.py`), and each of the recipe's 4 dataloader workers collates a whole batch: at "
         "B = 320 that is ≈ 62–68 GiB of host memory while all 4 collate at once, before the collated batches they "
@@ -355,3 +357,52 @@ def test_the_allocator_reading_goes_by_stack_then_card_from_the_smallest_then_ba
         "pylate · plain, vanilla on 24 GB (RTX4090 profile, 22.96 GiB on an H200)",
         "pylate · plain, vanilla on 80 GB (H100 profile, 78.43 GiB on an H200)",
         "pylate · plain, lik on 80 GB (H100 profile, 78.43 GiB on an H200)"]  # fmt: skip
+
+
+def probe_result(search: CeilingSearch, batch: int, seed: int, alloc: list[float], reserved: list[float]):
+    from harness.results import CellResult
+    from harness.spec import with_fields
+
+    spec = with_fields(search.probe(batch, seed), preset="full", device="cuda")
+    return CellResult(grid="ceilings", cell_id=spec.cell_id, spec=spec, outcome="ok", step_times_sec=[1.0] * len(alloc),
+                      step_peak_alloc_mib=max(alloc), step_peak_reserved_mib=max(reserved),
+                      step_peak_alloc_per_step_mib=alloc, step_peak_reserved_per_step_mib=reserved)  # fmt: skip
+
+
+def test_a_search_with_fewer_dataloader_workers_answers_for_the_recipe_s_and_checks_the_gpu_bytes():
+    from harness.search import Probes
+
+    recipe = CeilingSearch(stack="colpali", regime="plain", variant="lik", card="native", seeds=(42, 43, 44), start=256,
+                           step=16, limit=512, resolution=16)  # fmt: skip
+    fewer = CeilingSearch(**recipe.model_dump() | {"dataloader_workers": 1, "start": 288})
+    assert fewer.search_id == "colpali-plain-lik-native-dw1"
+    killed = Ceiling(fits=288, next_batch=320, stopped="probe x crashed", crashed="colpali-plain-b320-lik-native")
+    recipe_row = data.SearchRow(search=recipe, ceiling=killed, probes=4, usable_gib=139.8,
+                                crash_message="the kernel stopped" + host.oom_kill_words(0, 2))  # fmt: skip
+    fewer_row = data.SearchRow(search=fewer, ceiling=Ceiling(fits=320, fails=336), probes=5, usable_gib=139.8)
+    both = [probe_result(search, 288, 42, [70_000.0, 71_000.0], [80_000.0, 80_000.0]) for search in (recipe, fewer)]
+    both[1] = both[1].model_copy(update={"step_peak_alloc_per_step_mib": [70_000.0, 71_003.0]})
+    probes = {recipe: Probes(recipe, {both[0].cell_id: both[0]}), fewer: Probes(fewer, {both[1].cell_id: both[1]})}
+    pylate = row("lik", "native", 2304, 2432)
+    # the recipe's search keeps its place (after nothing, before PyLate's), answered by the one with fewer workers
+    merged = data.with_fewer_workers([recipe_row, pylate, fewer_row], probes)
+    assert [r.search for r in merged] == [fewer, pylate.search] and merged[0].recipe == recipe_row
+    assert merged[0].loader_check == (data.LoaderCheck(288, 42, 3.0, 0.0),)
+    assert text.ceiling_text(merged[0]) == "320‡" and text.ceiling_text(pylate) == "2304"
+    assert prose.loader_reading(merged) == (
+        "‡ The dataloader workers collate pages on the host; where the lent host's memory cannot hold the recipe's, a "
+        "search runs with fewer. ColQwen2 lik on 141 GB (whole H200) trained with 1 dataloader worker: with the recipe's "
+        "4 its search stands at ≥ 288 (the probe at 320 ran out of host memory). At B = 288, trained both ways (1 probe), "
+        "every step's peaks differ by at most 3 MiB allocated and 0 MiB reserved.")  # fmt: skip
+    # before the search with fewer workers has a probe, the recipe's answers alone, and nothing is said
+    alone = data.with_fewer_workers([recipe_row, pylate, dataclasses.replace(fewer_row, probes=0)], probes)
+    assert alone == [recipe_row, pylate] and prose.loader_reading(alone) == ""
+    # with probes but none trained both ways, the check is said to be missing
+    unchecked = data.with_fewer_workers([recipe_row, fewer_row], {recipe: Probes(recipe, {}), fewer: probes[fewer]})
+    assert unchecked[0].loader_check == () and prose.loader_reading(unchecked).endswith(
+        "No batch has trained both ways yet: whether the workers change the GPU's bytes is unchecked.")
+    # a search with fewer workers and no recipe twin (the whole H200 under expandable segments) answers alone
+    lone = dataclasses.replace(fewer_row, search=CeilingSearch(**fewer.model_dump() | {"allocator": "expandable"}))
+    assert data.with_fewer_workers([lone], {lone.search: Probes(lone.search, {})}) == [lone]
+    assert "ColQwen2 lik on 141 GB (whole H200), expandable segments trained with 1 dataloader worker, the recipe's 4 " \
+           "never tried." in prose.loader_reading([lone])

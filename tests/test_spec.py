@@ -126,6 +126,11 @@ def test_cell_ids_are_stable():
     assert with_fields(gc, allocator="expandable").cell_id == "pylate-grad-checkpoint-b512-vanilla-chunk64-h100-80gb-expandable"
     assert with_fields(gc, allocator="expandable", seed=44).cell_id.endswith("-h100-80gb-expandable-s44")
     assert TrainSpec().cell_id == "colpali-plain-b4-vanilla-native"
+    # dataloader workers other than the recipe's name a ColQwen2 cell (0 is a setting, not the default)
+    loader = TrainSpec(stack="colpali", batch_size=320, variant="lik", dataloader_workers=1)
+    assert loader.cell_id == "colpali-plain-b320-lik-native-dw1" and loader.setting_id == "lik-native-dw1"
+    assert with_fields(loader, dataloader_workers=0, seed=43).cell_id == "colpali-plain-b320-lik-native-dw0-s43"
+    assert loader.title == "colpali · plain · B=320 · lik · native · 1 dataloader worker"
     # what does not change what was measured is not in the id: steps, warm-up, preset, device, sources
     same = with_fields(gc, steps=8, warmup_steps=2, preset="full", device="cuda", model_source="hub", data_source="hub")
     assert same.cell_id == gc.cell_id
@@ -190,6 +195,11 @@ def test_a_spec_is_frozen_and_changed_only_through_its_checks():
             "the whole batch at once.",
         ),
         (dict(stack="pylate", regime="gradcache", mini_batch_size=0), "mini_batch_size must be an integer of at least 1, got 0."),
+        (
+            dict(stack="pylate", dataloader_workers=1),
+            "dataloader_workers is colpali-engine's recipe's (4 workers); the pylate stack collates in the trainer's process.",
+        ),
+        (dict(stack="colpali", dataloader_workers=-1), "dataloader_workers must be an integer of at least 0, got -1."),
         (dict(steps=4, warmup_steps=4), "warmup_steps (4) must be below steps (4): the cell would have no steady step to time."),
         (dict(card="h100-80gb", device="cpu"), "card 'h100-80gb' emulation caps a CUDA device; on the CPU use card 'native'."),
         (dict(batch_size=True), "batch_size must be an integer of at least 1, got True."),
@@ -209,8 +219,8 @@ def test_a_train_spec_that_cannot_be_is_refused_in_one_line(fields, reason):
         (
             dict(stack="pylate", batch=4),
             "train cells have no field 'batch' (did you mean 'batch_size'?); they take allocator, batch_size, "
-            "card, data_source, device, gather, min_steady_steps, mini_batch_size, model_source, preset, regime, "
-            "score_mini_batch_size, seed, stack, steps, trace, variant, warmup_steps, world_size.",
+            "card, data_source, dataloader_workers, device, gather, min_steady_steps, mini_batch_size, model_source, "
+            "preset, regime, score_mini_batch_size, seed, stack, steps, trace, variant, warmup_steps, world_size.",
         ),
         (
             dict(stack="op-colpali", head="negative", negatives=4),

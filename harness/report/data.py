@@ -30,7 +30,7 @@ from harness import host_memory
 from harness.grid import ROOT, GridError, grid_names, load_grid
 from harness.report import timing
 from harness.results import CellResult, Skipped, default_results_dir, frame_of, read_results
-from harness.search import Ceiling, CeilingSearch, Probes, load_searches, search_state
+from harness.search import SEARCH_FIELDS, Ceiling, CeilingSearch, Probes, load_searches, search_state
 from harness.spec import CARDS, TrainSpec, differences
 
 PUBLISHED_GRID = "published"  # grids/published.yaml
@@ -290,6 +290,17 @@ def long_run_at(search: CeilingSearch, batch_size: int | None, long: Sequence[Ce
 
 
 @dataclasses.dataclass(frozen=True)
+class LoaderCheck:
+    """One probe trained with the recipe's dataloader workers and with fewer (same batch, same seed): the
+    largest gap between their peaks at any step (MiB)."""
+
+    batch_size: int
+    seed: int
+    alloc_mib: float
+    reserved_mib: float
+
+
+@dataclasses.dataclass(frozen=True)
 class SearchRow:
     """One ceiling search: what it searches, where it stands (read from its probes exactly as the
     search itself decides), and what its probes measured at the ceiling and on the batch above it.
@@ -312,6 +323,8 @@ class SearchRow:
     fails_message: str | None = None  # that out-of-memory message
     long_run: LongRunVerdict | None = None  # how a long run at the ceiling batch ended, where one ran
     crash_message: str | None = None  # why the crashed probe that stopped the search crashed (its marker's message)
+    recipe: SearchRow | None = None  # where this search collates with fewer dataloader workers: the recipe's own
+    loader_check: tuple[LoaderCheck, ...] = ()  # then: the probes both searches trained, their peaks compared
 
     stack = property(lambda self: self.search.stack)
     regime = property(lambda self: self.search.regime)
@@ -348,8 +361,51 @@ def ceilings(source: Source = None, grid_file: Path = CEILINGS_GRID) -> list[Sea
     frame = frame_of(results.of(*grids))
     by_grid = {grid: results.by_id(grid) for grid in grids}
     long = [result for _, result in results.of(LONG_RUN)]
-    rows = [search_row(search, Probes(search, by_grid[search.grid]), frame) for search in searches]
-    return [dataclasses.replace(row, long_run=long_run_at(row.search, row.settled, long)) for row in rows]
+    probes = {search: Probes(search, by_grid[search.grid]) for search in searches}
+    rows = [search_row(search, probes[search], frame) for search in searches]
+    rows = [dataclasses.replace(row, long_run=long_run_at(row.search, row.settled, long)) for row in rows]
+    return with_fewer_workers(rows, probes)
+
+
+def with_fewer_workers(rows: Sequence[SearchRow], probes: dict[CeilingSearch, Probes]) -> list[SearchRow]:
+    """One row per search the reader asks about: a search whose probes collate with fewer dataloader
+    workers than the recipe's (where the lent host's memory cannot hold the recipe's) answers for the
+    recipe's search of the same setting once it has probes, in that search's place, naming it
+    (``recipe``) and comparing the probes both trained (``loader_check``); before, the recipe's
+    search answers alone."""
+    def setting(row: SearchRow) -> tuple[object, ...]:
+        return tuple(getattr(row.search, name) for name in SEARCH_FIELDS if name != "dataloader_workers")
+
+    recipes = {setting(row): row for row in rows if row.search.dataloader_workers is None}
+    fewer = {setting(row): row for row in rows if row.search.dataloader_workers is not None}
+    kept = []
+    for row in rows:
+        if row.search.dataloader_workers is None:
+            twin = fewer.get(setting(row))
+            if twin is not None and twin.probes > 0:
+                check = loader_check(probes[row.search], probes[twin.search])
+                kept.append(dataclasses.replace(twin, recipe=row, loader_check=check))
+            else:
+                kept.append(row)
+        elif setting(row) not in recipes:  # no recipe search of its setting: it answers alone
+            kept.append(row)
+    return kept
+
+
+def loader_check(recipe: Probes, fewer: Probes) -> tuple[LoaderCheck, ...]:
+    """The probes that trained with the recipe's dataloader workers and with fewer, same batch and seed:
+    how far apart their peaks came at any step."""
+    def gap(one: Sequence[float], other: Sequence[float]) -> float:
+        return max(abs(a - b) for a, b in zip(one, other, strict=True))
+
+    checks = []
+    for key in sorted(recipe.by_probe.keys() & fewer.by_probe.keys()):
+        ran, fewer_ran = recipe.by_probe[key], fewer.by_probe[key]
+        if ran.outcome == fewer_ran.outcome == "ok":
+            alloc = gap(ran.step_peak_alloc_per_step_mib, fewer_ran.step_peak_alloc_per_step_mib)
+            reserved = gap(ran.step_peak_reserved_per_step_mib, fewer_ran.step_peak_reserved_per_step_mib)
+            checks.append(LoaderCheck(*key, alloc, reserved))
+    return tuple(checks)
 
 
 def search_row(search: CeilingSearch, probes: Probes, frame: pd.DataFrame) -> SearchRow:

@@ -23,6 +23,7 @@ from harness.report.data import (
 )
 from harness.report.tables import call_tokens, largest_call, timed
 from harness.report.text import (
+    LOADER_MARK,
     STACK_NAMES,
     as_published,
     card_label,
@@ -1096,6 +1097,38 @@ def collate_memory_words(collate: pd.DataFrame, batch_size: int) -> str:
             "collate at once, before the collated batches they hand to the trainer.")  # fmt: skip
 
 
+def loader_reading(searches: Sequence[SearchRow]) -> str:
+    """Which ceilings (marked ‡) come from probes that collated with fewer dataloader workers than the
+    recipe's, where the recipe's search of the same setting stands (where the grid has one), and
+    whether the workers changed the GPU's bytes: the largest gap between the peaks of the probes
+    trained both ways (:attr:`SearchRow.loader_check`). Empty where no such search has probes."""
+    from harness.stacks.colpali import DATALOADER_WORKERS
+
+    said = []
+    for row in (row for row in searches if row.search.dataloader_workers is not None and row.probes):
+        workers = row.search.dataloader_workers
+        name = (f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)}"
+                f"{'' if row.allocator == 'default' else f', {row.allocator} segments'}")  # fmt: skip
+        text = f"{name} trained with {workers} dataloader worker{'' if workers == 1 else 's'}"
+        text += (f": with the recipe's {DATALOADER_WORKERS} its search stands at {ceiling_text(row.recipe)}."
+                 if row.recipe is not None else f", the recipe's {DATALOADER_WORKERS} never tried.")  # fmt: skip
+        if row.loader_check:
+            batches = sorted({check.batch_size for check in row.loader_check})
+            alloc = max(check.alloc_mib for check in row.loader_check)
+            reserved = max(check.reserved_mib for check in row.loader_check)
+            seeds = len(row.loader_check)
+            probes = f"{seeds} probe{'' if seeds == 1 else 's'}"
+            text += (f" At B = {', '.join(map(str, batches))}, trained both ways ({probes}), every "
+                     f"step's peaks differ by at most {alloc:.0f} MiB allocated and {reserved:.0f} MiB reserved.")  # fmt: skip
+        else:
+            text += " No batch has trained both ways yet: whether the workers change the GPU's bytes is unchecked."
+        said.append(text)
+    if not said:
+        return ""
+    return (f"{LOADER_MARK} The dataloader workers collate pages on the host; where the lent host's memory cannot hold "
+            f"the recipe's, a search runs with fewer. {' '.join(said)}")  # fmt: skip
+
+
 def crash_reading(searches: Sequence[SearchRow], collate: pd.DataFrame | None = None) -> str:
     """Why each search stopped by a crashed probe stopped, from the probe's crash marker: 'Stopped by a
     crash: ColQwen2 lik on 141 GB (whole H200), the probe at 320 — RuntimeError: …' and what settles it:
@@ -1113,7 +1146,8 @@ def crash_reading(searches: Sequence[SearchRow], collate: pd.DataFrame | None = 
     if len(host) < len(stopped):
         settle.append("`harness ceiling --rerun-crashed` runs a crashed probe again")
     if host:
-        settle.append("a probe the host's memory ended can be settled only on a host with more memory")
+        settle.append("a probe the host's memory ended is settled on a host with more memory, or by a search of its own "
+                      "with fewer dataloader workers")
     reading = f"Stopped by a crash: {'; '.join(said)}. {'; '.join(settle).capitalize()}."
     colpali = [row.ceiling.next_batch for row in host if row.stack == "colpali" and row.ceiling.next_batch]
     words = "" if collate is None or not colpali else collate_memory_words(collate, max(colpali))

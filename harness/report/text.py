@@ -170,6 +170,7 @@ def cell_words(row: pd.Series, allocated: str = "") -> str:
 
 ANSI_COLOUR = re.compile(r"(\x1b\[[0-9;]*m)")  # an ANSI colour code, as IPython colours tracebacks (split keeps it)
 LONG_RUN_MARK = "†"  # follows a ceiling at which a long run ran out of memory part way (tables, figures)
+LOADER_MARK = "‡"  # follows a ceiling whose probes collated with fewer dataloader workers than the recipe's
 
 
 def ran_out_of_host_memory(row: SearchRow) -> bool:
@@ -182,7 +183,13 @@ def ceiling_text(row: SearchRow) -> str:
     a search stopped by a crashed probe (its kernel died: neither fit nor failure) says where:
     '≥ 288 (the probe at 320 crashed)', or one the host's out-of-memory killer ended '≥ 288 (the probe at
     320 ran out of host memory)'; a ceiling at which a long run ran out of memory says when:
-    '160† (OOM at step 27 of 100)'."""
+    '160† (OOM at step 27 of 100)'; one whose probes collated with fewer dataloader workers than the
+    recipe's is marked: '336‡'."""
+    answer = _answer(row)
+    return f"{answer}{LOADER_MARK}" if row.search.dataloader_workers is not None and row.probes else answer
+
+
+def _answer(row: SearchRow) -> str:
     if row.ceiling.crashed:
         ended = "ran out of host memory" if ran_out_of_host_memory(row) else "crashed"
         crashed = f"the probe at {row.ceiling.next_batch} {ended}"

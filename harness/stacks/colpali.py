@@ -6,8 +6,9 @@ One cell is built the way colpali-engine's users train (its ``scripts/configs/qw
 alpha 32, dropout 0.1, gaussian init, bias none, FEATURE_EXTRACTION, on every projection of the
 language model and on ``custom_text_proj`` (36,982,784 trainable parameters); bf16, sdpa
 attention, non-reentrant gradient checkpointing, lr 5e-5, no warm-up, seed = data_seed, four
-dataloader workers on CUDA. The wrapped call site is the trainer's ``loss_func`` (the loss
-module's forward: in-batch MaxSim plus the pairwise head on its [B, B] scores).
+dataloader workers on CUDA (a cell's ``dataloader_workers`` sets fewer where the host's memory
+binds: the workers collate on the host). The wrapped call site is the trainer's ``loss_func`` (the
+loss module's forward: in-batch MaxSim plus the pairwise head on its [B, B] scores).
 
 The backend is colpali-engine's own strict switch, ``COLPALI_SCORES_BACKEND=torch|lik``
 (colpali-engine >= 0.3.17). On 0.3.16 (the ``colpali-0.3.16`` environment) vanilla is the
@@ -28,6 +29,14 @@ BACKEND_SWITCH = {"vanilla": "torch", "lik": "lik"}
 LEARNING_RATE = 5e-5
 DATALOADER_WORKERS = 4
 LORA_TARGETS = "(.*(model).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|o_proj).*$|.*(custom_text_proj).*$)"
+
+
+def dataloader_workers(workers: int | None, device: torch.device) -> int:
+    """The trainer's dataloader workers: the cell's where it names them, else the recipe's on CUDA and
+    none on the CPU (where the tests run)."""
+    if workers is not None:
+        return workers
+    return DATALOADER_WORKERS if device.type == "cuda" else 0
 
 
 def colpali_version() -> tuple[int, ...]:
@@ -114,7 +123,7 @@ class ColpaliStack:
             gradient_checkpointing=True,
             gradient_checkpointing_kwargs={"use_reentrant": False},
             bf16=True,
-            dataloader_num_workers=DATALOADER_WORKERS if device.type == "cuda" else 0,
+            dataloader_num_workers=dataloader_workers(params.dataloader_workers, device),
         )
         config = ColModelTrainingConfig(
             model=model,
