@@ -107,9 +107,15 @@ def test_the_committed_long_run_grid_reads_with_or_without_results():
     assert len(runs) == len(load_grid(longrun.GRID_FILE)) >= 4
     table = longrun.table(runs, data.ceilings())
     assert len(table) == len(runs) and not table.isna().any().any()
-    # the batch each long run trains is its search's settled 80 GB ceiling
+    # the batch each long run trains is its search's settled 80 GB ceiling, or below a ceiling whose own run ran out
     for run, shown in zip(runs, table[longrun.BATCH], strict=True):
-        assert shown in (f"{run.cell.spec.batch_size} ({run.cell.spec.batch_size})", f"{run.cell.spec.batch_size} (not settled)")
+        batch = run.cell.spec.batch_size
+        if shown not in (f"{batch} ({batch})", f"{batch} (not settled)"):
+            ceiling = int(shown.split("(")[1].rstrip(")"))
+            at_ceiling = [other for other in runs if longrun.setting(other) == longrun.setting(run)
+                          and other.cell.spec.batch_size == ceiling]  # fmt: skip
+            assert batch < ceiling and len(at_ceiling) == 1 and run in longrun.below(at_ceiling[0], runs), shown
+            assert at_ceiling[0].held in (False, None), shown  # planned where that run ran out of memory
     if not any(run.result or run.progress for run in runs):
         assert longrun.reading(runs).startswith(f"None of the {len(runs)} long runs has run yet")
     # one panel per stack and allocator setting that ran: no two runs of one backend share a panel
@@ -193,3 +199,31 @@ def test_a_ceiling_probe_is_costed_from_the_cells_of_its_regime_and_backend():
     # only the chunked gradcache cell counts: 8 steps at twice its batch
     assert longrun.minutes_alone(probe, timed) == pytest.approx(probe.steps * 7.0 * 2 / 60)
     assert longrun.minutes_alone(probe, timed[timed["regime"] == "grad-checkpoint"]) is None  # none of its regime
+
+
+def test_a_run_below_a_ceiling_whose_run_ran_out_is_read_beside_it_in_a_panel_of_its_own(tmp_path):
+    grid, results = write_runs(tmp_path)
+    grid.write_text(GRID + "  - {stack: colpali, regime: plain, variant: lik, batch_size: 144, steps: 20}\n")
+    lower = make_result("long-run", stack="colpali", regime="plain", batch_size=144, variant="lik", card="h100-80gb",
+                        steps=20, step_times_sec=[1.0] * 20, step_peak_reserved_per_step_mib=[1900.0] * 20,
+                        step_peak_alloc_per_step_mib=[1700.0] * 20)  # fmt: skip
+    write_result(lower, results.root / "long-run" / "colpali" / "plain" / f"{lower.cell_id}.json")
+    runs = longrun.long_runs(data.read(results.root), grid)
+    failed, planned_pylate, below = runs[1], runs[2], runs[3]
+    assert longrun.below(failed, runs) == [below] and longrun.below(below, runs) == []
+    assert longrun.below(runs[0], runs) == []  # vanilla: another backend
+    text = longrun.reading(runs)
+    assert ("ColQwen2 lik at B = 160 on 80 GB ran out of memory after 12 of 20 steps, so its 8-step ceiling does not "
+            "hold over a run") in text  # fmt: skip
+    assert ". At B = 144, 90% of that batch, a run trained all 20 steps." in text
+    # cut short instead: said so
+    cut = dataclasses.replace(below, result=None, progress=progress(below.cell, 10))
+    assert ". At B = 144, 90% of that batch, a run trained 10 of 20 steps before its host was taken back, without " \
+           "running out of memory." in longrun.reading([runs[0], failed, planned_pylate, cut])
+    # two lik runs of ColQwen2's default setting: the second in a panel of its own, no backend twice in a panel
+    figure = longrun.plot(runs)
+    titles = [axis.get_title() for axis in figure.axes]
+    assert titles == ["ColQwen2, default allocator: step peaks per step",
+                      "ColQwen2, default allocator, a further run of a backend: step peaks per step"]  # fmt: skip
+    assert [text.get_text() for text in figure.axes[1].get_legend().get_texts()] == [
+        "lik B=144: reserved", "lik B=144: allocated"]

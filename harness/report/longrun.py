@@ -241,6 +241,7 @@ def reading(runs: Sequence[LongRun]) -> str:
         if run.result.outcome == "oom":
             sentences.append(f"{run.name} ran out of memory after {run.steps_trained} of {run.cell.spec.steps} "
                              f"steps, so its 8-step ceiling does not hold over a run{_why_out(run)}")  # fmt: skip
+            sentences += [_below_words(run, lower) for lower in below(run, runs) if lower.result is not None or lower.cut]
         else:
             sentences.append(f"{run.name} ended {run.result.outcome} after {run.steps_trained} of "
                              f"{run.cell.spec.steps} steps, which says nothing of its memory")  # fmt: skip
@@ -268,6 +269,35 @@ def reading(runs: Sequence[LongRun]) -> str:
     return ". ".join(sentence[0].upper() + sentence[1:] for sentence in sentences) + "."
 
 
+def setting(run: LongRun) -> tuple[object, ...]:
+    """What a long run trains but its batch and steps: stack, regime, backend, card, allocator."""
+    spec = run.cell.spec
+    return spec.stack, spec.regime, run.backend, spec.card, spec.allocator
+
+
+def below(run: LongRun, runs: Sequence[LongRun]) -> list[LongRun]:
+    """The runs of ``run``'s setting at smaller batches (where a run at a ceiling ran out of memory, the
+    grid plans one below it), largest first."""
+    lower = [other for other in runs if setting(other) == setting(run) and other.cell.spec.batch_size < run.cell.spec.batch_size]
+    return sorted(lower, key=lambda other: -other.cell.spec.batch_size)
+
+
+def _below_words(run: LongRun, lower: LongRun) -> str:
+    """How a run below a batch that ran out of memory went: 'at B = 144, 90% of that batch, a run trained
+    all 100 steps' (or ran out of memory, or was cut short by its host)."""
+    share = f"{lower.cell.spec.batch_size / run.cell.spec.batch_size:.0%} of that batch"
+    steps = lower.cell.spec.steps
+    if lower.result is None:
+        ended = f"trained {lower.steps_trained} of {steps} steps before its host was taken back, without running out of memory"
+    elif lower.held:
+        ended = f"trained all {steps} steps"
+    elif lower.result.outcome == "oom":
+        ended = f"ran out of memory after {lower.steps_trained} of {steps} steps as well"
+    else:
+        ended = f"ended {lower.result.outcome} after {lower.steps_trained} of {steps} steps"
+    return f"at B = {lower.cell.spec.batch_size}, {share}, a run {ended}"
+
+
 def _why_out(run: LongRun) -> str:
     """How a long run that ran out of memory got there, from its steps and its OOM message: ': after step
     8 its reserved peak rose 884 MiB while its allocated peak changed −158 MiB, and the request that
@@ -288,16 +318,22 @@ def _why_out(run: LongRun) -> str:
 
 def plot(runs: Sequence[LongRun]) -> Figure | None:
     """Reserved (solid) and allocated (dotted) step peaks per step of every long run that ran, one
-    panel per stack and allocator setting (one above the other, legends beside them, so no two runs
-    of one backend share a panel), one colour per backend; the ceiling's 8-step horizon marked, a
+    panel per stack and allocator setting (one above the other, legends beside them), a further run of
+    a backend there (a batch below one that ran out of memory) in a panel of its own, so no two runs of
+    one backend share a panel; one colour per backend; the ceiling's 8-step horizon marked, a
     cross where a run ran out of memory and a bar where its host was taken back."""
     ran = [run for run in runs if run.reserved_per_step]
     if not ran:
         return None
-    panels = sorted({(run.cell.spec.stack, run.cell.spec.allocator) for run in ran})
+    def panel(run: LongRun) -> tuple[str, str, int]:  # the nth run of its backend there goes to the nth panel
+        spec = run.cell.spec
+        before = [other for other in ran[: ran.index(run)] if setting(other) == setting(run)]
+        return spec.stack, spec.allocator, len(before)
+
+    panels = sorted({panel(run) for run in ran})
     figure, axes = plt.subplots(len(panels), 1, figsize=(9.0, 3.0 * len(panels)), squeeze=False)
-    for axis, (stack, allocator) in zip(axes[:, 0], panels, strict=True):
-        for run in (run for run in ran if (run.cell.spec.stack, run.cell.spec.allocator) == (stack, allocator)):
+    for axis, (stack, allocator, nth) in zip(axes[:, 0], panels, strict=True):
+        for run in (run for run in ran if panel(run) == (stack, allocator, nth)):
             reserved = np.asarray(run.reserved_per_step) * GIB_PER_MIB
             allocated = np.asarray(run.allocated_per_step) * GIB_PER_MIB
             steps = np.arange(1, len(reserved) + 1)
@@ -313,7 +349,9 @@ def plot(runs: Sequence[LongRun]) -> Figure | None:
                 axis.plot([len(reserved) + 1], [reserved[-1]], color=colour, marker="x", markersize=8, linestyle="none",
                           label=f"{label}: {run.result.outcome} at step {len(reserved) + 1}")  # fmt: skip
         axis.axvline(HORIZON, color="#7f7f7f", linewidth=0.8, linestyle="--")
-        axis.set_title(f"{STACK_NAMES.get(stack, stack)}, {allocator_words(allocator)}: step peaks per step", fontsize=10)
+        further = "" if nth == 0 else ", a further run of a backend"
+        axis.set_title(f"{STACK_NAMES.get(stack, stack)}, {allocator_words(allocator)}{further}: step peaks per step",
+                       fontsize=10)  # fmt: skip
         axis.set_xlabel("optimizer step")
         axis.set_ylabel("GiB")
         axis.grid(alpha=0.3)
