@@ -1097,6 +1097,12 @@ def collate_memory_words(collate: pd.DataFrame, batch_size: int) -> str:
             "collate at once, before the collated batches they hand to the trainer.")  # fmt: skip
 
 
+def _search_name(row: SearchRow) -> str:
+    """A search in words: 'ColQwen2 lik on 141 GB (whole H200)', ', expandable segments' added for that allocator."""
+    allocator = "" if row.allocator == "default" else f", {row.allocator} segments"
+    return f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)}{allocator}"
+
+
 def loader_reading(searches: Sequence[SearchRow]) -> str:
     """Which ceilings (marked ‡) come from probes that collated with fewer dataloader workers than the
     recipe's, where the recipe's search of the same setting stands (where the grid has one), and
@@ -1107,9 +1113,7 @@ def loader_reading(searches: Sequence[SearchRow]) -> str:
     said = []
     for row in (row for row in searches if row.search.dataloader_workers is not None and row.probes):
         workers = row.search.dataloader_workers
-        name = (f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)}"
-                f"{'' if row.allocator == 'default' else f', {row.allocator} segments'}")  # fmt: skip
-        text = f"{name} trained with {workers} dataloader worker{'' if workers == 1 else 's'}"
+        text = f"{_search_name(row)} trained with {workers} dataloader worker{'' if workers == 1 else 's'}"
         text += (f": with the recipe's {DATALOADER_WORKERS} its search stands at {ceiling_text(row.recipe)}."
                  if row.recipe is not None else f", the recipe's {DATALOADER_WORKERS} never tried.")  # fmt: skip
         if row.loader_check:
@@ -1132,14 +1136,14 @@ def loader_reading(searches: Sequence[SearchRow]) -> str:
 def crash_reading(searches: Sequence[SearchRow], collate: pd.DataFrame | None = None) -> str:
     """Why each search stopped by a crashed probe stopped, from the probe's crash marker: 'Stopped by a
     crash: ColQwen2 lik on 141 GB (whole H200), the probe at 320 — RuntimeError: …' and what settles it:
-    running it again, or, where the host's out-of-memory killer ended it, a host with more memory;
+    running it again, or, where the host's out-of-memory killer ended it, a host with more memory or a
+    search of its own with fewer dataloader workers;
     where that ended a ColQwen2 probe, what collating its batch asks of the host (``collate``:
     :func:`harness.host_memory.per_page`, :func:`collate_memory_words`). Empty where no search stopped so."""
     stopped = [row for row in searches if row.ceiling.crashed]
     if not stopped:
         return ""
-    said = [f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)}"
-            f"{'' if row.allocator == 'default' else f', {row.allocator} segments'}, the probe at {row.ceiling.next_batch}"
+    said = [f"{_search_name(row)}, the probe at {row.ceiling.next_batch}"
             f"{'' if not row.crash_message else f' — {_crash_reason(row)}'}" for row in stopped]  # fmt: skip
     host = [row for row in stopped if ran_out_of_host_memory(row)]
     settle = []
