@@ -394,14 +394,15 @@ def with_fewer_workers(rows: Sequence[SearchRow], probes: dict[CeilingSearch, Pr
 
 def loader_check(recipe: Probes, fewer: Probes) -> tuple[LoaderCheck, ...]:
     """The probes that trained with the recipe's dataloader workers and with fewer, same batch and seed:
-    how far apart their peaks came at any step."""
+    how far apart their peaks came at any step both recorded."""
     def gap(one: Sequence[float], other: Sequence[float]) -> float:
-        return max(abs(a - b) for a, b in zip(one, other, strict=True))
+        return max(abs(a - b) for a, b in zip(one, other, strict=False))
 
     checks = []
     for key in sorted(recipe.by_probe.keys() & fewer.by_probe.keys()):
         ran, fewer_ran = recipe.by_probe[key], fewer.by_probe[key]
-        if ran.outcome == fewer_ran.outcome == "ok":
+        recorded = ran.step_peak_alloc_per_step_mib and fewer_ran.step_peak_alloc_per_step_mib
+        if ran.outcome == fewer_ran.outcome == "ok" and recorded:
             alloc = gap(ran.step_peak_alloc_per_step_mib, fewer_ran.step_peak_alloc_per_step_mib)
             reserved = gap(ran.step_peak_reserved_per_step_mib, fewer_ran.step_peak_reserved_per_step_mib)
             checks.append(LoaderCheck(*key, alloc, reserved))
