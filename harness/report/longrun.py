@@ -278,8 +278,11 @@ def setting(run: LongRun) -> tuple[object, ...]:
 def below(run: LongRun, runs: Sequence[LongRun]) -> list[LongRun]:
     """The runs of ``run``'s setting at smaller batches (where a run at a ceiling ran out of memory, the
     grid plans one below it), largest first."""
-    lower = [other for other in runs if setting(other) == setting(run) and other.cell.spec.batch_size < run.cell.spec.batch_size]
-    return sorted(lower, key=lambda other: -other.cell.spec.batch_size)
+    def batch(other: LongRun) -> int:
+        return other.cell.spec.batch_size
+
+    lower = (other for other in runs if setting(other) == setting(run) and batch(other) < batch(run))
+    return sorted(lower, key=batch, reverse=True)
 
 
 def _below_words(run: LongRun, lower: LongRun) -> str:
@@ -325,15 +328,13 @@ def plot(runs: Sequence[LongRun]) -> Figure | None:
     ran = [run for run in runs if run.reserved_per_step]
     if not ran:
         return None
-    def panel(run: LongRun) -> tuple[str, str, int]:  # the nth run of its backend there goes to the nth panel
-        spec = run.cell.spec
-        before = [other for other in ran[: ran.index(run)] if setting(other) == setting(run)]
-        return spec.stack, spec.allocator, len(before)
-
-    panels = sorted({panel(run) for run in ran})
+    # the nth run of a backend in a stack and allocator setting goes to that setting's nth panel
+    panel = [(run.cell.spec.stack, run.cell.spec.allocator, [setting(other) for other in ran[:index]].count(setting(run)))
+             for index, run in enumerate(ran)]  # fmt: skip
+    panels = sorted(set(panel))
     figure, axes = plt.subplots(len(panels), 1, figsize=(9.0, 3.0 * len(panels)), squeeze=False)
     for axis, (stack, allocator, nth) in zip(axes[:, 0], panels, strict=True):
-        for run in (run for run in ran if panel(run) == (stack, allocator, nth)):
+        for run in (run for run, key in zip(ran, panel, strict=True) if key == (stack, allocator, nth)):
             reserved = np.asarray(run.reserved_per_step) * GIB_PER_MIB
             allocated = np.asarray(run.allocated_per_step) * GIB_PER_MIB
             steps = np.arange(1, len(reserved) + 1)

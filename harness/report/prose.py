@@ -25,6 +25,7 @@ from harness.report.tables import call_tokens, largest_call, timed
 from harness.report.text import (
     LOADER_MARK,
     STACK_NAMES,
+    allocator_words,
     as_published,
     card_label,
     card_short,
@@ -1099,7 +1100,7 @@ def collate_memory_words(collate: pd.DataFrame, batch_size: int) -> str:
 
 def _search_name(row: SearchRow) -> str:
     """A search in words: 'ColQwen2 lik on 141 GB (whole H200)', ', expandable segments' added for that allocator."""
-    allocator = "" if row.allocator == "default" else f", {row.allocator} segments"
+    allocator = "" if row.allocator == "default" else f", {allocator_words(row.allocator)}"
     return f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)}{allocator}"
 
 
