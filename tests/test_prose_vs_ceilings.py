@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from harness import host, host_memory
-from harness.report import data, prose, style, text
+from harness.report import data, decision, prose, style, text
 from harness.report.text import nowrap
 from harness.search import Ceiling, CeilingSearch
 
@@ -406,3 +406,60 @@ def test_a_search_with_fewer_dataloader_workers_answers_for_the_recipe_s_and_che
     assert data.with_fewer_workers([lone], {lone.search: Probes(lone.search, {})}) == [lone]
     assert "ColQwen2 lik on 141 GB (whole H200), expandable segments trained with 1 dataloader worker, the recipe's 4 " \
            "never tried." in prose.loader_reading([lone])
+
+
+def test_what_the_seed_changed_is_read_from_the_probes_and_backs_the_searches_that_train_one_seed():
+    from pathlib import Path
+
+    from harness.results import OpCall
+
+    def call(query: int, document: int) -> OpCall:
+        return OpCall(call_index=0, variant="lik", query_shape=[64, query, 128], doc_shape=[1024, 2, document, 128],
+                          dtype="float32", predicted_grid_mib=1.0)  # fmt: skip
+
+    cached = CeilingSearch(stack="pylate", regime="gradcache", variant="lik", mini_batch_size=64, card="native",
+                           seeds=(42, 43, 44), start=1024, limit=16384, resolution=512)  # fmt: skip
+    recipe = CeilingSearch(stack="colpali", regime="plain", variant="vanilla", card="h100-80gb", seeds=(42, 43),
+                           start=120, limit=512, resolution=8)  # fmt: skip
+    made = [probe_result(cached, 1024, seed, [14_000.0, 14_500.0 + seed - 42], [15_000.0, 15_002.0])
+            for seed in (42, 43, 44)]  # fmt: skip
+    made.append(probe_result(cached, 2048, 42, [20_000.0], [21_000.0]))  # one seed: nothing to compare
+    crashed = probe_result(cached, 2048, 43, [1.0], [1.0]).model_copy(update={"outcome": "crashed"})
+    made = [result.model_copy(update={"maxsim_calls_in_train": [call(48, 300)]}) for result in made] + [crashed]
+    recipe_made = [probe_result(recipe, 128, 42, [70_000.0, 71_000.0], [75_000.0, 76_000.0]),
+                   probe_result(recipe, 128, 43, [72_000.0], [79_000.0]).model_copy(update={"outcome": "oom"})]
+    recipe_made = [result.model_copy(update={"maxsim_calls_in_train": [call(40 + i, 770)]})
+                   for i, result in enumerate(recipe_made)]  # fmt: skip
+    results = data.Results(Path("."), tuple((Path(f"{r.cell_id}.json"), r) for r in made + recipe_made), ())
+    effects = [data.seed_effect(results, "pylate"), data.seed_effect(results, "colpali")]
+    assert effects == [data.SeedEffect("pylate", 1, 2, 2.0, 0.0, (), ((48, 300),)),
+                       data.SeedEffect("colpali", 1, 1, 2000.0, 4000.0, ("colpali-plain-b128-vanilla-h100-80gb-s43",),
+                                       ((40, 770), (41, 770)))]  # fmt: skip
+    one_seed = CeilingSearch(**cached.model_dump() | {"seeds": (42,)})
+    rows = [data.SearchRow(search=one_seed, ceiling=Ceiling(next_batch=1024), probes=0, usable_gib=139.8),
+            data.SearchRow(search=recipe, ceiling=Ceiling(fits=120, fails=128), probes=3, usable_gib=78.4)]
+    assert prose.one_seed_reading(rows, effects) == (
+        "The search of pylate · gradcache trains seed 42 alone. A seed draws other data; every PyLate score call had "
+        "queries of 48 tokens and documents of 300, whatever the seed: at 1 batch probed on several seeds (2 "
+        "later-seed probes), a step's peaks came within 2 MiB allocated and 0 MiB reserved of the first seed's, and none "
+        "ended otherwise than the first seed — so the one seed answers for the others. Not so everywhere: ColQwen2's "
+        "score calls came in 2 (query, document) lengths: at 1 batch probed on several seeds (1 later-seed "
+        "probe), a step's peaks came within 2000 MiB allocated and 4000 MiB reserved of the first seed's, and 1 ended "
+        "otherwise than the first seed (colpali-plain-b128-vanilla-h100-80gb-s43); its searches keep every seed.")
+    # a seed that changed an outcome in the one-seed searches' own stack withdraws the rule
+    assert prose.one_seed_reading(rows, effects[::-1][:1] + [dataclasses.replace(effects[0], differing=("x",))]) \
+        .split(" — ")[-1].startswith("which does not show that one seed answers for the others")
+    assert prose.one_seed_reading(rows[1:], effects) == ""
+    assert decision.criterion(rows + rows[1:]) == "8 steps on each of seeds 42 and 43 (pylate · gradcache: 8 steps on seed 42)"
+
+
+def test_the_searches_that_train_one_seed_are_pylate_s_whose_seeds_never_changed_a_probe(searches):
+    """grids/ceilings.yaml: GradCache's searches train seed 42 alone because no PyLate seed has changed an
+    outcome, or a step's peaks by more than a block's rounding (ceilings.md computes the sentence; this
+    fails the day a committed confirmation disagrees, and the rule must be revisited)."""
+    results = data.read()
+    assert {row.stack for row in searches if len(row.search.seeds) == 1} == {"pylate"}
+    pylate = data.seed_effect(results, "pylate")
+    assert pylate.batches >= 40 and pylate.differing == () and pylate.lengths == ((48, 300),)
+    assert pylate.alloc_mib < 64 and pylate.reserved_mib < 64
+    assert data.seed_effect(results, "colpali").differing  # the contrast the page draws: ColQwen2's seeds do

@@ -35,7 +35,7 @@ from harness.grid import ROOT
 from harness.report import data, timing
 from harness.report.data import GIB_PER_MIB, SearchRow, find_search
 from harness.report.tables import call_tokens
-from harness.report.text import ceiling_text, failed_request, missing, percent, significant
+from harness.report.text import ceiling_text, counted, failed_request, missing, percent, significant
 
 CLAIMS = ROOT / "book" / "data" / "published_claims.csv"
 FIELDS = ["id", "section", "claim", "source", "published", "unit", "quantity", "stack", "regime", "batch", "backend",
@@ -786,10 +786,6 @@ def counts(rows: Sequence[tuple[Claim, Verdict]]) -> dict[str, int]:
     return {status: sum(verdict.status == status for _, verdict in rows) for status in STATUSES}
 
 
-def _plural(count: int, one: str, many: str) -> str:
-    return f"{count} {one if count == 1 else many}"
-
-
 def summary(rows: Sequence[tuple[Claim, Verdict]]) -> str:
     """The verdicts in one paragraph: how many hold, differ, do not hold, and why the rest wait."""
     if not rows:
@@ -800,7 +796,7 @@ def summary(rows: Sequence[tuple[Claim, Verdict]]) -> str:
             f"and {n['does not hold']} {'does' if n['does not hold'] == 1 else 'do'} not hold on our data.")  # fmt: skip
     waits = [verdict.waits_on for _, verdict in rows if verdict.status == "not re-tested"]
     if waits:
-        parts = [f"{_plural(waits.count(key), one, several)}{why}" for key, (one, several, why) in WAITS.items()
+        parts = [f"{counted(waits.count(key), one, several)}{why}" for key, (one, several, why) in WAITS.items()
                  if waits.count(key)]  # fmt: skip
         text += f" {n['not re-tested']} {'is' if n['not re-tested'] == 1 else 'are'} not re-tested yet: " + "; ".join(parts) + "."
     return text

@@ -238,6 +238,45 @@ def ceiling_probes(source: Source = None) -> pd.DataFrame:
     return with_backend(frame_of(results_of(source).of(CEILINGS)))
 
 
+@dataclasses.dataclass(frozen=True)
+class SeedEffect:
+    """What the seed changed in one stack's ceiling probes: every probe run at a setting and batch on a
+    later seed, set against the same probe on the first seed run there (crashed probes left out)."""
+
+    stack: str
+    batches: int  # settings and batches probed on more than one seed
+    probes: int  # later-seed probes compared with their first seed's
+    alloc_mib: float  # the largest gap between two seeds' allocated peaks at any step both ran
+    reserved_mib: float  # the same for reserved
+    differing: tuple[str, ...]  # later-seed probes whose outcome (trained or ran out) was not the first seed's
+    lengths: tuple[tuple[int, int], ...]  # every (query, document) token length the probes' score calls had
+
+
+def seed_effect(source: Source, stack: str) -> SeedEffect:
+    """How far the seed moved ``stack``'s ceiling probes (:class:`SeedEffect`): the data a search that
+    confirms on one seed rests on."""
+    by_setting: dict[TrainSpec, list[CellResult]] = {}
+    lengths = set()
+    for _, result in results_of(source).of(CEILINGS):
+        if result.spec.stack != stack or result.outcome not in ("ok", "oom"):
+            continue
+        by_setting.setdefault(dataclasses.replace(result.spec, seed=0), []).append(result)
+        lengths |= {(call.query_shape[-2], call.doc_shape[-2]) for call in result.maxsim_calls_in_train}
+    alloc = reserved = 0.0
+    compared, differing = 0, []
+    runs = [sorted(group, key=lambda result: result.spec.seed) for group in by_setting.values() if len(group) > 1]
+    for first, *later in runs:
+        for result in later:
+            compared += 1
+            if result.outcome != first.outcome:
+                differing.append(result.cell_id)
+            steps = zip(first.step_peak_alloc_per_step_mib, result.step_peak_alloc_per_step_mib, strict=False)
+            alloc = max([alloc, *(abs(a - b) for a, b in steps)])
+            steps = zip(first.step_peak_reserved_per_step_mib, result.step_peak_reserved_per_step_mib, strict=False)
+            reserved = max([reserved, *(abs(a - b) for a, b in steps)])
+    return SeedEffect(stack, len(runs), compared, alloc, reserved, tuple(sorted(differing)), tuple(sorted(lengths)))
+
+
 def probes_of(probes: pd.DataFrame, stack: str, regime: str, batch: int, backend: str, card: str,
               allocator: str = "default") -> pd.DataFrame:  # fmt: skip
     """The ceiling probes of one batch (every seed run), sorted by seed."""

@@ -10,6 +10,7 @@ searches have all finished.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
@@ -17,7 +18,7 @@ import pandas as pd
 from harness.report import style, timing
 from harness.report.data import SearchRow
 from harness.report.tables import timed
-from harness.report.text import LONG_RUN_MARK, card_short, cards_in_order, ceiling_text, nowrap, sig
+from harness.report.text import LONG_RUN_MARK, card_short, cards_in_order, ceiling_text, nowrap, regime_label, sig
 
 REGIME_NAMES = {
     ("colpali", "plain"): "ColQwen2 + LoRA (colpali-engine recipe)",
@@ -48,12 +49,21 @@ def _of(searches: Sequence[SearchRow], stack: str, regime: str, allocator: str =
 
 def criterion(searches: Sequence[SearchRow]) -> str:
     """What 'trains' means in the decision tables, read from the searches: '8 steps on each of seeds 42,
-    43 and 44' (or 'every seed of its search' where searches differ)."""
-    terms = {(row.search.steps, row.search.seeds) for row in searches if row.allocator == "default"}
-    if len(terms) != 1:
+    43 and 44', most searches' terms first, then any regime whose searches differ ('… (pylate ·
+    gradcache: 8 steps on seed 42)')."""
+    rows = [row for row in searches if row.allocator == "default"]
+    if not rows:
         return "its search's steps on every seed of its search"
-    ((steps, seeds),) = terms
-    return f"{steps} steps on each of seeds {_names([str(seed) for seed in seeds])}"
+
+    def words(steps: int, seeds: tuple[int, ...]) -> str:
+        return f"{steps} steps on {'each of seeds' if len(seeds) > 1 else 'seed'} {_names([str(seed) for seed in seeds])}"
+
+    counts = Counter((row.search.steps, row.search.seeds) for row in rows)
+    terms = {term: list(dict.fromkeys(regime_label(row.stack, row.regime) for row in rows
+                                      if (row.search.steps, row.search.seeds) == term)) for term in counts}  # fmt: skip
+    main, *others = (term for term, _ in counts.most_common())
+    exceptions = [f"{_names(terms[term])}: {words(*term)}" for term in others]
+    return words(*main) + (f" ({'; '.join(exceptions)})" if exceptions else "")
 
 
 RUNNING_MARK = "*"  # follows an entry whose search is still running

@@ -10,6 +10,7 @@ from harness.report import style, timing
 from harness.report.data import (
     GIB_PER_MIB,
     SearchRow,
+    SeedEffect,
     SharedCheck,
     backend_label,
     find_search,
@@ -32,7 +33,9 @@ from harness.report.text import (
     cards_in_order,
     ceiling_text,
     cell_words,
+    counted,
     failed_request,
+    joined,
     missing,
     oom_held_mib,
     percent,
@@ -183,7 +186,10 @@ def ceiling_of(searches: Sequence[SearchRow], stack: str, regime: str, backend: 
 def search_plan(searches: Sequence[SearchRow], stack: str, regime: str, backend: str, card: str) -> str:
     """How one search probes a batch: '8 steps and 3 seeds' ('several seeds' where the grid has no such search)."""
     row = find_search(searches, stack, regime, backend, card)
-    return "several seeds" if row is None else f"{row.search.steps} steps and {len(row.search.seeds)} seeds"
+    if row is None:
+        return "several seeds"
+    seeds = len(row.search.seeds)
+    return f"{row.search.steps} steps and {seeds} seed{'s' if seeds > 1 else ''}"
 
 
 def ceiling_gains(searches: Sequence[SearchRow], stack: str, regime: str, card: str, fused: str = "lik") -> str:
@@ -295,6 +301,49 @@ def shared_seed_agreement(probes: pd.DataFrame) -> str:
         return ""
     return ("PyLate batches whose seeds all trained on a shared GPU (same shapes, run at different moments beside "
             "different neighbours) with identical allocated and reserved peaks for every seed: " + ", ".join(parts) + ".")
+
+
+def _seed_words(effect: SeedEffect) -> str:
+    """What the seed changed in one stack's probes, in words: 'in PyLate every score call had … so at
+    the 47 batches probed on several seeds (94 later-seed probes) a step's peaks came within …'."""
+    name = STACK_NAMES.get(effect.stack, effect.stack)
+    if not effect.probes:
+        return f"no {name} batch has trained on two seeds yet"
+    if len(effect.lengths) == 1:
+        ((query, document),) = effect.lengths
+        shapes = f"every {name} score call had queries of {query} tokens and documents of {document}, whatever the seed"
+    else:
+        shapes = f"{name}'s score calls came in {len(effect.lengths)} (query, document) lengths"
+    outcomes = (f"{len(effect.differing)} ended otherwise than the first seed ({joined(list(effect.differing))})"
+                if effect.differing else "none ended otherwise than the first seed")  # fmt: skip
+    return (f"{shapes}: at {counted(effect.batches, 'batch', 'batches')} probed on several seeds "
+            f"({counted(effect.probes, 'later-seed probe')}), a "
+            f"step's peaks came within {effect.alloc_mib:.0f} MiB allocated and {effect.reserved_mib:.0f} MiB reserved "
+            f"of the first seed's, and {outcomes}")  # fmt: skip
+
+
+def one_seed_reading(searches: Sequence[SearchRow], effects: Sequence[SeedEffect]) -> str:
+    """Which searches confirm on one seed, and the data that rests on: what the seed changed in each
+    stack's committed probes (:func:`harness.report.data.seed_effect`) — those stacks' first, then
+    the others' for contrast. Empty where every search runs several seeds."""
+    single = [row for row in searches if len(row.search.seeds) == 1]
+    if not single:
+        return ""
+    regimes = list(dict.fromkeys(regime_label(row.stack, row.regime) for row in single))
+    seeds = joined([str(seed) for seed in sorted({row.search.seeds[0] for row in single})])
+    stacks = {row.stack for row in single}
+    mine = [effect for effect in effects if effect.stack in stacks]
+    held = all(effect.probes and not effect.differing for effect in mine)
+    searches_of = "The search" if len(single) == 1 else f"The {len(single)} searches"
+    text = (f"{searches_of} of {joined(regimes)} train{'s' if len(single) == 1 else ''} seed {seeds} alone. "
+            "A seed draws other data; "
+            f"{'; '.join(_seed_words(effect) for effect in mine)}")
+    text += (" — so the one seed answers for the others." if held
+             else " — which does not show that one seed answers for the others: these searches need their other seeds.")
+    others = [effect for effect in effects if effect.stack not in stacks and effect.probes]
+    if others:
+        text += f" Not so everywhere: {'; '.join(_seed_words(effect) for effect in others)}; its searches keep every seed."
+    return text
 
 
 # ---- the results folder --------------------------------------------------------------------------
@@ -519,7 +568,8 @@ def batch_reach(cells: pd.DataFrame, searches: Sequence[SearchRow], probes: pd.D
         searched.append(f"{backend} {ceiling}" + (f" ({'; '.join(notes)})" if notes else ""))
     if searched:
         plan = next(row for row in rows.values() if row is not None and row.probes > 0).search
-        sentences.append(f"The ceiling searches ({plan.steps} steps, {len(plan.seeds)} seeds): " + "; ".join(searched))
+        seeds = f"{len(plan.seeds)} seed{'s' if len(plan.seeds) > 1 else ''}"
+        sentences.append(f"The ceiling searches ({plan.steps} steps, {seeds}): " + "; ".join(searched))
     disagree = [f"{backend} at B={batch}" for backend in backends
                 for batch in _disputed(cells, probes, stack, regime, backend, card)]  # fmt: skip
     if disagree:

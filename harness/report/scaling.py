@@ -585,7 +585,11 @@ def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow]
 
     mine = [row for row in searches if (row.search.stack, row.search.regime) == ("pylate", GRADCACHE)]
     states = pd.Series([ceiling_text(row) for row in mine]).value_counts() if mine else pd.Series(dtype=int)
-    text = (f"The ceilings grid holds {len(mine)} GradCache searches; "
+    plans = sorted({(row.search.steps, row.search.seeds) for row in mine})
+    plan = "".join(f" ({steps} steps on seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+                   + ("; why one seed answers: the ceilings page" if len(seeds) == 1 else "") + ")"
+                   for steps, seeds in plans)  # fmt: skip
+    text = (f"The ceilings grid holds {len(mine)} GradCache searches{plan}; "
             + (", ".join(f"{count} {state}" for state, count in states.items()) if mine else "none yet") + ".")
     chosen = gradcache_cells(cells)
     if chosen.empty:

@@ -72,6 +72,11 @@ def joined(parts: Sequence[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
+def counted(count: int, one: str, many: str | None = None) -> str:
+    """'1 probe', '3 probes', '2 batches' (``many``: the plural where it is not ``one`` + s)."""
+    return f"{count} {one if count == 1 else many or one + 's'}"
+
+
 def failed_request(message: object) -> str:
     """The failed request of an OOM message: "CUDA out of memory. Tried to allocate X GiB. ..." → its 2nd sentence."""
     sentences = str(message).split(". ")
