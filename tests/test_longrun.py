@@ -178,7 +178,10 @@ def test_what_a_long_run_costs_alone_is_estimated_from_the_cells_timed_alone(tmp
     # one batch: in proportion to the batch, 30 steps
     assert longrun.estimated_minutes(runs[2], timed) == pytest.approx(30 * 2.0 * 640 / 512 / 60)
     table = longrun.table(runs, searches=[], timed=timed)
-    assert list(table[longrun.MINUTES]) == ["2", "no timed cell", "1"]
+    assert list(table[longrun.MINUTES]) == ["≈ 2", "no timed cell", "≈ 1"]
+    # a run that ran reads what it took (its wall time), not the estimate
+    took = [dataclasses.replace(runs[0], result=runs[0].result.model_copy(update={"wall_sec": 731.0}))] + runs[1:]
+    assert list(longrun.table(took, searches=[], timed=timed)[longrun.MINUTES]) == ["12", "no timed cell", "≈ 1"]
     # no cell timed at all (a checkout with no results): every run says so
     nothing = longrun.table(runs, searches=[], timed=pd.DataFrame())
     assert list(nothing[longrun.MINUTES]) == ["no timed cell"] * 3

@@ -154,7 +154,7 @@ def _ceiling_of(run: LongRun, searches: Sequence[SearchRow]) -> str:
 # a run takes alone, the rise after the 8-step horizon, and the slack (reserved − allocated) per step
 RUN = "run"  # stack and backend, card, allocator setting
 BATCH = "batch (ceiling)"
-MINUTES = "GPU min (est.)"
+MINUTES = "GPU min"  # what a run that ran took; ≈ what one not run yet takes alone, estimated
 AFTER = f"after step {HORIZON} (MiB): reserved / slack"
 GAP = "slack per step (GiB)"  # its range over the run's steps
 OUTCOME = "outcome"  # how it ended, with the steps it trained
@@ -162,8 +162,9 @@ OUTCOME = "outcome"  # how it ended, with the steps it trained
 
 def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per planned long run: what it trained, how it ended, how reserved memory and
-    reserved − allocated moved after the ceiling's 8-step horizon and, with ``timed`` (the cells
-    timed under the timing rule), the GPU minutes it takes alone (:func:`estimated_minutes`)."""
+    reserved − allocated moved after the ceiling's 8-step horizon, and the GPU minutes it took (its
+    wall time) or, not run yet and given ``timed`` (the cells timed under the timing rule), takes
+    alone (:func:`estimated_minutes`, marked ≈)."""
     rows = []
     for run in runs:
         spec, result = run.cell.spec, run.result
@@ -171,7 +172,8 @@ def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.Data
                BATCH: f"{spec.batch_size} ({_ceiling_of(run, searches)})"}  # fmt: skip
         if timed is not None:
             minutes = estimated_minutes(run, timed)
-            row[MINUTES] = "no timed cell" if minutes is None else f"{minutes:.0f}"
+            row[MINUTES] = (f"{result.wall_sec / 60:.0f}" if result is not None and result.wall_sec else
+                            "no timed cell" if minutes is None else f"≈ {minutes:.0f}")  # fmt: skip
         reserved = run.reserved_per_step
         grew, frag_grew = run.after_horizon(reserved), run.after_horizon(run.fragmentation_per_step)
         if result is None and not run.cut:
