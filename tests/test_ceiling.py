@@ -147,7 +147,11 @@ def test_the_committed_ceiling_grid_covers_every_card_backend_and_allocator():
     forty = next(column for column in table.columns if column.startswith("40 GB"))
     assert table.loc[("pylate", "gradcache", "vanilla"), forty] == tables.NO_SEARCH
     assert (table != "").all().all() and (table == tables.NO_SEARCH).sum().sum() == 2 * 4
-    assert all(s.steps >= 8 and len(s.seeds) >= 3 and s.grid == "ceilings" for s in searches)
+    assert all(s.steps >= 8 and s.grid == "ceilings" for s in searches)
+    # three seeds each, but GradCache's, whose probes take up to a quarter of an hour: one seed (the
+    # ceilings page computes why), and three for one search, the regime's own check
+    assert all(len(s.seeds) >= 3 for s in searches if s.regime != "gradcache")
+    assert sorted(len(s.seeds) for s in gradcache) == [1] * (len(gradcache) - 1) + [3]
     assert len({s.search_id for s in searches}) == len(searches) == 83
     assert [s.search_id for s in load_searches(ROOT / "grids" / "ceilings.yaml", ["colpali-plain-*-h100-80gb*"])] == [
         "colpali-plain-vanilla-h100-80gb", "colpali-plain-lik-h100-80gb",

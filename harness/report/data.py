@@ -244,6 +244,7 @@ class SeedEffect:
     later seed, set against the same probe on the first seed run there (crashed probes left out)."""
 
     stack: str
+    regimes: tuple[str, ...]  # the regimes of those batches
     batches: int  # settings and batches probed on more than one seed
     probes: int  # later-seed probes compared with their first seed's
     alloc_mib: float  # the largest gap between two seeds' allocated peaks at any step both ran
@@ -270,11 +271,16 @@ def seed_effect(source: Source, stack: str) -> SeedEffect:
             compared += 1
             if result.outcome != first.outcome:
                 differing.append(result.cell_id)
-            steps = zip(first.step_peak_alloc_per_step_mib, result.step_peak_alloc_per_step_mib, strict=False)
-            alloc = max([alloc, *(abs(a - b) for a, b in steps)])
-            steps = zip(first.step_peak_reserved_per_step_mib, result.step_peak_reserved_per_step_mib, strict=False)
-            reserved = max([reserved, *(abs(a - b) for a, b in steps)])
-    return SeedEffect(stack, len(runs), compared, alloc, reserved, tuple(sorted(differing)), tuple(sorted(lengths)))
+            alloc = max(alloc, _largest_gap(first.step_peak_alloc_per_step_mib, result.step_peak_alloc_per_step_mib))
+            reserved = max(reserved, _largest_gap(first.step_peak_reserved_per_step_mib,
+                                                  result.step_peak_reserved_per_step_mib))  # fmt: skip
+    regimes = tuple(sorted({first.spec.regime for first, *_ in runs}))
+    return SeedEffect(stack, regimes, len(runs), compared, alloc, reserved, tuple(sorted(differing)), tuple(sorted(lengths)))
+
+
+def _largest_gap(one: Sequence[float], other: Sequence[float]) -> float:
+    """The largest difference between two runs' per-step values at any step both recorded (0 if none)."""
+    return max((abs(a - b) for a, b in zip(one, other, strict=False)), default=0.0)
 
 
 def probes_of(probes: pd.DataFrame, stack: str, regime: str, batch: int, backend: str, card: str,
@@ -434,16 +440,13 @@ def with_fewer_workers(rows: Sequence[SearchRow], probes: dict[CeilingSearch, Pr
 def loader_check(recipe: Probes, fewer: Probes) -> tuple[LoaderCheck, ...]:
     """The probes that trained with the recipe's dataloader workers and with fewer, same batch and seed:
     how far apart their peaks came at any step both recorded."""
-    def gap(one: Sequence[float], other: Sequence[float]) -> float:
-        return max(abs(a - b) for a, b in zip(one, other, strict=False))
-
     checks = []
     for key in sorted(recipe.by_probe.keys() & fewer.by_probe.keys()):
         ran, fewer_ran = recipe.by_probe[key], fewer.by_probe[key]
         recorded = ran.step_peak_alloc_per_step_mib and fewer_ran.step_peak_alloc_per_step_mib
         if ran.outcome == fewer_ran.outcome == "ok" and recorded:
-            alloc = gap(ran.step_peak_alloc_per_step_mib, fewer_ran.step_peak_alloc_per_step_mib)
-            reserved = gap(ran.step_peak_reserved_per_step_mib, fewer_ran.step_peak_reserved_per_step_mib)
+            alloc = _largest_gap(ran.step_peak_alloc_per_step_mib, fewer_ran.step_peak_alloc_per_step_mib)
+            reserved = _largest_gap(ran.step_peak_reserved_per_step_mib, fewer_ran.step_peak_reserved_per_step_mib)
             checks.append(LoaderCheck(*key, alloc, reserved))
     return tuple(checks)
 

@@ -18,7 +18,18 @@ import pandas as pd
 from harness.report import style, timing
 from harness.report.data import SearchRow
 from harness.report.tables import timed
-from harness.report.text import LONG_RUN_MARK, card_short, cards_in_order, ceiling_text, nowrap, regime_label, sig
+from harness.report.text import (
+    LONG_RUN_MARK,
+    card_short,
+    cards_in_order,
+    ceiling_text,
+    counted,
+    joined,
+    nowrap,
+    regime_label,
+    seed_words,
+    sig,
+)
 
 REGIME_NAMES = {
     ("colpali", "plain"): "ColQwen2 + LoRA (colpali-engine recipe)",
@@ -49,21 +60,18 @@ def _of(searches: Sequence[SearchRow], stack: str, regime: str, allocator: str =
 
 def criterion(searches: Sequence[SearchRow]) -> str:
     """What 'trains' means in the decision tables, read from the searches: '8 steps on each of seeds 42,
-    43 and 44', most searches' terms first, then any regime whose searches differ ('… (pylate ·
-    gradcache: 8 steps on seed 42)')."""
+    43 and 44', most searches' terms, then the searches of any regime that differ ('… (pylate ·
+    gradcache: 8 steps on seed 42 for 11 searches)')."""
     rows = [row for row in searches if row.allocator == "default"]
     if not rows:
         return "its search's steps on every seed of its search"
-
-    def words(steps: int, seeds: tuple[int, ...]) -> str:
-        return f"{steps} steps on {'each of seeds' if len(seeds) > 1 else 'seed'} {_names([str(seed) for seed in seeds])}"
-
     counts = Counter((row.search.steps, row.search.seeds) for row in rows)
-    terms = {term: list(dict.fromkeys(regime_label(row.stack, row.regime) for row in rows
-                                      if (row.search.steps, row.search.seeds) == term)) for term in counts}  # fmt: skip
-    main, *others = (term for term, _ in counts.most_common())
-    exceptions = [f"{_names(terms[term])}: {words(*term)}" for term in others]
-    return words(*main) + (f" ({'; '.join(exceptions)})" if exceptions else "")
+    main = counts.most_common(1)[0][0]
+    others = Counter((regime_label(row.stack, row.regime), row.search.steps, row.search.seeds) for row in rows
+                     if (row.search.steps, row.search.seeds) != main)  # fmt: skip
+    exceptions = [f"{regime}: {seed_words(steps, seeds)} for {counted(count, 'search', 'searches')}"
+                  for (regime, steps, seeds), count in others.items()]  # fmt: skip
+    return seed_words(*main) + (f" ({'; '.join(exceptions)})" if exceptions else "")
 
 
 RUNNING_MARK = "*"  # follows an entry whose search is still running
@@ -222,7 +230,7 @@ def unsettled_words(rows: Sequence[SearchRow], backend: str, cards: Sequence[str
         else:
             state = f"it is still searching ({ceiling_text(row).removesuffix(' (searching)')})"
         states.setdefault(state, []).append(card_short(card))
-    return "; ".join(f"on {_names(names)} {state}" for state, names in states.items())
+    return "; ".join(f"on {joined(names)} {state}" for state, names in states.items())
 
 
 def long_run_words(rows: Sequence[SearchRow]) -> str:
@@ -243,10 +251,6 @@ def long_run_words(rows: Sequence[SearchRow]) -> str:
         else:
             said.append(f"{where} ended {run.outcome} after {run.steps_trained} of {run.steps} steps")
     return f"Over a long run, {'; '.join(said)}" if said else ""
-
-
-def _names(items: Sequence[str]) -> str:
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regime: str,
@@ -275,12 +279,12 @@ def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regim
         if base is not None and base.settled and best_row.settled and best_row.backend != "vanilla":
             gains.append(f"{best_row.settled} against {base.settled} on {card_short(card)}, "
                          f"{best_row.settled / base.settled:.2f}×")  # fmt: skip
-    cards = _names([card_short(card) for card in decided])
+    cards = joined([card_short(card) for card in decided])
     if everywhere:
         verb = "trains" if len(everywhere) == 1 else "train"
-        text = f"On {cards}, where the searches have settled, {_names(everywhere)} {verb} the largest batch"
+        text = f"On {cards}, where the searches have settled, {joined(everywhere)} {verb} the largest batch"
     else:
-        per_card = "; ".join(f"{card_short(card)}: {_names(w)}" for card, w in winners_per_card.items())
+        per_card = "; ".join(f"{card_short(card)}: {joined(w)}" for card, w in winners_per_card.items())
         text = f"Where the searches have settled, the largest batch goes to a different backend per card ({per_card})"
     if gains:
         text += f": {'; '.join(gains)}"
@@ -289,10 +293,10 @@ def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regim
     ties = [card for card in decided if gains and "vanilla" in winners_per_card[card] and len(winners_per_card[card]) > 1]
     if ties:  # cards where a named backend only matches vanilla: the gain is not everywhere
         batches = [str(next(row.settled for row in rows if row.card == card and row.backend == "vanilla")) for card in ties]
-        text += (f"; on {_names([card_short(card) for card in ties])} vanilla trains the same batch "
-                 f"({_names(batches)})")  # fmt: skip
+        text += (f"; on {joined([card_short(card) for card in ties])} vanilla trains the same batch "
+                 f"({joined(batches)})")  # fmt: skip
     for backend, where, missing in _matching_where_settled(rows, decided, winners_per_card, everywhere):
-        text += (f"; {backend} trains the same batch as {_names(everywhere)} on {_names(where)}, "
+        text += (f"; {backend} trains the same batch as {joined(everywhere)} on {joined(where)}, "
                  f"where its search has settled; {unsettled_words(rows, backend, missing)}")  # fmt: skip
     found = timed_batch(cells, stack, regime, noise=noise)
     if found is not None and everywhere and "vanilla" not in everywhere:
@@ -305,7 +309,7 @@ def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regim
         text += f". {long}"
     pending = cards_in_order(row.card for row in rows if row.card not in decided)
     if pending:
-        text += f". Not settled yet on {_names([card_short(card) for card in pending])}"
+        text += f". Not settled yet on {joined([card_short(card) for card in pending])}"
         stops = [f"{row.backend}'s search on {card_short(row.card)} stopped at {ceiling_text(row)}"
                  for row in rows if row.card in pending and row.stopped]  # fmt: skip
         if stops:  # why a search will not settle by running on: the ceilings page says more

@@ -41,6 +41,7 @@ from harness.report.text import (
     percent,
     ran_out_of_host_memory,
     regime_label,
+    regime_words,
     requested_mib,
     span,
 )
@@ -188,8 +189,7 @@ def search_plan(searches: Sequence[SearchRow], stack: str, regime: str, backend:
     row = find_search(searches, stack, regime, backend, card)
     if row is None:
         return "several seeds"
-    seeds = len(row.search.seeds)
-    return f"{row.search.steps} steps and {seeds} seed{'s' if seeds > 1 else ''}"
+    return f"{row.search.steps} steps and {counted(len(row.search.seeds), 'seed')}"
 
 
 def ceiling_gains(searches: Sequence[SearchRow], stack: str, regime: str, card: str, fused: str = "lik") -> str:
@@ -304,8 +304,9 @@ def shared_seed_agreement(probes: pd.DataFrame) -> str:
 
 
 def _seed_words(effect: SeedEffect) -> str:
-    """What the seed changed in one stack's probes, in words: 'in PyLate every score call had … so at
-    the 47 batches probed on several seeds (94 later-seed probes) a step's peaks came within …'."""
+    """What the seed changed in one stack's probes, in words: 'every PyLate score call had … whatever
+    the seed: at 47 batches probed on several seeds (grad-checkpoint and plain; 94 later-seed probes), a
+    step's peaks came within …'."""
     name = STACK_NAMES.get(effect.stack, effect.stack)
     if not effect.probes:
         return f"no {name} batch has trained on two seeds yet"
@@ -316,33 +317,45 @@ def _seed_words(effect: SeedEffect) -> str:
         shapes = f"{name}'s score calls came in {len(effect.lengths)} (query, document) lengths"
     outcomes = (f"{len(effect.differing)} ended otherwise than the first seed ({joined(list(effect.differing))})"
                 if effect.differing else "none ended otherwise than the first seed")  # fmt: skip
-    return (f"{shapes}: at {counted(effect.batches, 'batch', 'batches')} probed on several seeds "
-            f"({counted(effect.probes, 'later-seed probe')}), a "
-            f"step's peaks came within {effect.alloc_mib:.0f} MiB allocated and {effect.reserved_mib:.0f} MiB reserved "
-            f"of the first seed's, and {outcomes}")  # fmt: skip
+    regimes = joined([regime_words(effect.stack, regime) for regime in effect.regimes])
+    return (f"{shapes}: at {counted(effect.batches, 'batch', 'batches')} probed on several seeds ({regimes}; "
+            f"{counted(effect.probes, 'later-seed probe')}), a step's peaks came within {effect.alloc_mib:.0f} MiB "
+            f"allocated and {effect.reserved_mib:.0f} MiB reserved of the first seed's, and {outcomes}")  # fmt: skip
 
 
 def one_seed_reading(searches: Sequence[SearchRow], effects: Sequence[SeedEffect]) -> str:
     """Which searches confirm on one seed, and the data that rests on: what the seed changed in each
     stack's committed probes (:func:`harness.report.data.seed_effect`) — those stacks' first, then
-    the others' for contrast. Empty where every search runs several seeds."""
+    the others' for contrast — and, for a regime none of whose batches has run on several seeds yet,
+    the searches of it that keep every seed as its own check. Empty where every search runs several seeds."""
     single = [row for row in searches if len(row.search.seeds) == 1]
     if not single:
         return ""
-    regimes = list(dict.fromkeys(regime_label(row.stack, row.regime) for row in single))
-    seeds = joined([str(seed) for seed in sorted({row.search.seeds[0] for row in single})])
+    regimes = list(dict.fromkeys((row.stack, row.regime) for row in single))
+    seeds = sorted({row.search.seeds[0] for row in single})
     stacks = {row.stack for row in single}
     mine = [effect for effect in effects if effect.stack in stacks]
-    held = all(effect.probes and not effect.differing for effect in mine)
     searches_of = "The search" if len(single) == 1 else f"The {len(single)} searches"
-    text = (f"{searches_of} of {joined(regimes)} train{'s' if len(single) == 1 else ''} seed {seeds} alone. "
-            "A seed draws other data; "
-            f"{'; '.join(_seed_words(effect) for effect in mine)}")
-    text += (" — so the one seed answers for the others." if held
-             else " — which does not show that one seed answers for the others: these searches need their other seeds.")
+    text = (f"{searches_of} of {joined([regime_label(*regime) for regime in regimes])} train{'s' if len(single) == 1 else ''} "
+            f"seed{'s' if len(seeds) > 1 else ''} {joined([str(seed) for seed in seeds])} alone. A seed draws other "
+            f"data; {'; '.join(_seed_words(effect) for effect in mine) or 'no probe says what it changes'}")  # fmt: skip
+    if not (mine and all(effect.probes and not effect.differing for effect in mine)):
+        text += " — which does not show that one seed answers for the others: these searches need their other seeds."
+    else:
+        checked = {(effect.stack, regime) for effect in mine for regime in effect.regimes}
+        unchecked = [regime for regime in regimes if regime not in checked]
+        if not unchecked:
+            text += " — so the one seed answers for the others."
+        else:
+            own = [row for row in searches if (row.stack, row.regime) in unchecked and len(row.search.seeds) > 1]
+            text += (f" — so one seed should answer for the others in {joined([regime_label(*r) for r in unchecked])} "
+                     "too, where no batch has run on several seeds yet")  # fmt: skip
+            names = joined([f"{row.backend}'s search on {card_short(row.card)}" for row in own])
+            text += f"; there, {names} keep{'s' if len(own) == 1 else ''} every seed: the regime's own check." if own else "."
     others = [effect for effect in effects if effect.stack not in stacks and effect.probes]
     if others:
-        text += f" Not so everywhere: {'; '.join(_seed_words(effect) for effect in others)}; its searches keep every seed."
+        text += (f" Not so everywhere: {'; '.join(_seed_words(effect) for effect in others)}; "
+                 f"{'its' if len(others) == 1 else 'their'} searches keep every seed.")  # fmt: skip
     return text
 
 
@@ -568,8 +581,8 @@ def batch_reach(cells: pd.DataFrame, searches: Sequence[SearchRow], probes: pd.D
         searched.append(f"{backend} {ceiling}" + (f" ({'; '.join(notes)})" if notes else ""))
     if searched:
         plan = next(row for row in rows.values() if row is not None and row.probes > 0).search
-        seeds = f"{len(plan.seeds)} seed{'s' if len(plan.seeds) > 1 else ''}"
-        sentences.append(f"The ceiling searches ({plan.steps} steps, {seeds}): " + "; ".join(searched))
+        sentences.append(f"The ceiling searches ({plan.steps} steps, {counted(len(plan.seeds), 'seed')}): "
+                         + "; ".join(searched))  # fmt: skip
     disagree = [f"{backend} at B={batch}" for backend in backends
                 for batch in _disputed(cells, probes, stack, regime, backend, card)]  # fmt: skip
     if disagree:

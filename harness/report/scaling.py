@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from matplotlib.figure import Figure
 from harness import op_bytes
 from harness.grid import load_grid
 from harness.report import data, style, tables, timing
-from harness.report.text import STACK_NAMES, card_short, cards_in_order, joined, nowrap
+from harness.report.text import STACK_NAMES, card_short, cards_in_order, counted, joined, nowrap, seed_words
 from harness.results import CellResult
 from harness.spec import CARDS, GRADCACHE, GRADCACHE_MINI_BATCH, TrainSpec
 
@@ -585,12 +586,14 @@ def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow]
 
     mine = [row for row in searches if (row.search.stack, row.search.regime) == ("pylate", GRADCACHE)]
     states = pd.Series([ceiling_text(row) for row in mine]).value_counts() if mine else pd.Series(dtype=int)
-    plans = sorted({(row.search.steps, row.search.seeds) for row in mine})
-    plan = "".join(f" ({steps} steps on seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
-                   + ("; why one seed answers: the ceilings page" if len(seeds) == 1 else "") + ")"
-                   for steps, seeds in plans)  # fmt: skip
-    text = (f"The ceilings grid holds {len(mine)} GradCache searches{plan}; "
+    text = (f"The ceilings grid holds {len(mine)} GradCache searches; "
             + (", ".join(f"{count} {state}" for state, count in states.items()) if mine else "none yet") + ".")
+    if mine:
+        plans = Counter((row.search.steps, row.search.seeds) for row in mine).most_common()
+        said = [seed_words(steps, seeds) + ("" if count == len(mine) else f" in {counted(count, 'search', 'searches')}")
+                for (steps, seeds), count in plans]  # fmt: skip
+        why = " (the ceilings page says why one seed answers)" if any(len(seeds) == 1 for (_, seeds), _ in plans) else ""
+        text += f" A probe trains {'; '.join(said)}{why}."
     chosen = gradcache_cells(cells)
     if chosen.empty:
         return text

@@ -77,6 +77,11 @@ def counted(count: int, one: str, many: str | None = None) -> str:
     return f"{count} {one if count == 1 else many or one + 's'}"
 
 
+def seed_words(steps: int, seeds: Sequence[int]) -> str:
+    """What one probe trains: '8 steps on seed 42', '8 steps on each of seeds 42, 43 and 44'."""
+    return f"{steps} steps on {'each of seeds' if len(seeds) > 1 else 'seed'} {joined([str(seed) for seed in seeds])}"
+
+
 def failed_request(message: object) -> str:
     """The failed request of an OOM message: "CUDA out of memory. Tried to allocate X GiB. ..." → its 2nd sentence."""
     sentences = str(message).split(". ")
