@@ -259,9 +259,10 @@ def seed_effect(source: Source, stack: str) -> SeedEffect:
     by_setting: dict[TrainSpec, list[CellResult]] = {}
     lengths = set()
     for _, result in results_of(source).of(CEILINGS):
-        if result.spec.stack != stack or result.outcome not in ("ok", "oom"):
+        spec = result.spec
+        if not isinstance(spec, TrainSpec) or spec.stack != stack or result.outcome not in ("ok", "oom"):
             continue
-        by_setting.setdefault(dataclasses.replace(result.spec, seed=0), []).append(result)
+        by_setting.setdefault(dataclasses.replace(spec, seed=0), []).append(result)
         lengths |= {(call.query_shape[-2], call.doc_shape[-2]) for call in result.maxsim_calls_in_train}
     alloc = reserved = 0.0
     compared, differing = 0, []
