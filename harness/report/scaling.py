@@ -35,6 +35,7 @@ from harness.grid import load_grid
 from harness.report import data, style, tables, timing
 from harness.report.text import STACK_NAMES, card_short, cards_in_order, counted, joined, nowrap, seed_words
 from harness.results import CellResult
+from harness.search import MIN_STEPS
 from harness.spec import CARDS, GRADCACHE, GRADCACHE_MINI_BATCH, TrainSpec
 
 MIB = 1024 * 1024
@@ -577,7 +578,7 @@ def ceiling_table(searches: Sequence[data.SearchRow]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow], probe_steps: int = 9,
+def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow], probe_steps: int | None = None,
                          batch: int = 16384) -> str:  # fmt: skip
     """What is not measured yet of the GradCache regime and what it costs, from the measured steps:
     the ceiling searches of the regime by state, and a lower bound on one probe's time at ``batch``
@@ -602,6 +603,8 @@ def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow]
     if not timed.empty:
         row = timed.sort_values("batch_size").iloc[-1]
         seconds, measured = float(row["steady_step_time_sec"]), int(row["batch_size"])
+        if probe_steps is None:  # what the regime's searches train a probe (the grid's least where none)
+            probe_steps = max((row.search.steps for row in mine), default=MIN_STEPS)
         minutes = probe_steps * seconds * batch / measured / 60
         text += (f" A vanilla GradCache step at B = {measured} took {seconds:.2f} s on the whole H200 (timed alone); the "
                  "encoder's work grows linearly with B and vanilla's scoring quadratically, so one probe of "
