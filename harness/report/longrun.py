@@ -170,10 +170,11 @@ def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.Data
         spec, result = run.cell.spec, run.result
         row = {RUN: f"{STACK_NAMES.get(spec.stack, spec.stack)} {run.backend}, {card_short(spec.card)}, {spec.allocator}",
                BATCH: f"{spec.batch_size} ({_ceiling_of(run, searches)})"}  # fmt: skip
-        if timed is not None:
+        if timed is not None and result is not None and result.wall_sec:
+            row[MINUTES] = f"{result.wall_sec / 60:.0f}"
+        elif timed is not None:
             minutes = estimated_minutes(run, timed)
-            row[MINUTES] = (f"{result.wall_sec / 60:.0f}" if result is not None and result.wall_sec else
-                            "no timed cell" if minutes is None else f"≈ {minutes:.0f}")  # fmt: skip
+            row[MINUTES] = "no timed cell" if minutes is None else f"≈ {minutes:.0f}"
         reserved = run.reserved_per_step
         grew, frag_grew = run.after_horizon(reserved), run.after_horizon(run.fragmentation_per_step)
         if result is None and not run.cut:
