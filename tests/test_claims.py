@@ -284,3 +284,18 @@ def test_the_committed_verdicts_read_as_words_and_numbers(verdicts):
             assert verdict.reason.startswith(("not yet re-tested: step times", "not compared"))
         else:
             assert claim_row.quantity == "speedup" and "(" in verdict.ours  # each ratio with its interval
+
+
+def test_the_search_tolerance_describes_the_searches_the_ceiling_claims_read(committed):
+    """The 'search' tolerance's sentence names a search's steps and seeds in words: every search a
+    ceiling claim is read against must train that many steps on that many seeds under the default
+    allocator, or the sentence is wrong."""
+    why = claims.TOLERANCES["search"].why
+    read = [data.find_search(committed.searches, claim.stack, claim.regime, backend, claim.card)
+            for claim in claims.read_claims() if claim.quantity in claims.CEILING_QUANTITIES
+            for backend in {claim.backend, claim.versus} - {""}]  # fmt: skip
+    assert [row for row in read if row is not None], "no ceiling claim reads a committed search"
+    for row in read:
+        if row is not None:
+            assert row.allocator == "default"
+            assert f"{row.search.steps} steps, {len(row.search.seeds)} seeds" in why, row.search.name
