@@ -177,6 +177,21 @@ def live_entries(entries: Path, own_tag: str) -> dict[str, str]:
     return live
 
 
+def device_name(gpu: str) -> str | None:
+    """The name ``nvidia-smi`` gives ``gpu`` ("NVIDIA H200"), or None where it cannot say; asked of
+    ``nvidia-smi`` so that the asking process creates no CUDA context of its own."""
+    import subprocess
+
+    try:
+        completed = subprocess.run(
+            ["nvidia-smi", "-i", gpu, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return completed.stdout.strip() or None
+
+
 def free_memory_gib(gpu: str) -> float:
     """What the driver reports free on ``gpu`` (an index as CUDA_VISIBLE_DEVICES names it), in GiB,
     asked of ``nvidia-smi`` so that the asking process creates no CUDA context of its own."""

@@ -218,6 +218,21 @@ class Probes:
     def batches(self) -> set[int]:
         return {batch for batch, _ in self.by_probe}
 
+    def devices(self) -> set[str]:
+        """The GPUs its probes ran on, as their results name them."""
+        return {result.env.device_name for result in self.by_probe.values() if result.env and result.env.device_name}
+
+
+def device_mismatch(probes: Probes, here: str | None) -> str | None:
+    """Why a search of the whole, uncapped device (card ``native``) may not run its next probe on
+    ``here``: its probes ran on another GPU, and a ceiling read off two devices answers for neither.
+    None where it may (a capped card caps every device alike; ``here`` unknown; no probe yet)."""
+    ran_on = probes.devices()
+    if probes.search.card != "native" or here is None or not ran_on or here in ran_on:
+        return None
+    return (f"its probes ran on the whole {', '.join(sorted(ran_on))}; this GPU is {here}, and a search of the "
+            "whole device does not mix devices")  # fmt: skip
+
 
 def batch_verdict(probes: Probes, batch_size: int, seeds: Sequence[int] | None = None,
                   rerun_crashed: bool = False) -> tuple[bool | None, TrainSpec | None, str | None]:  # fmt: skip

@@ -291,6 +291,42 @@ def test_a_crashed_probe_stops_its_search(layout, monkeypatch):
     assert describe(s, result) == f"pylate-grad-checkpoint-vanilla-h100-80gb: stopped, {result.stopped}"
 
 
+def test_a_search_of_the_whole_device_does_not_mix_gpus(layout, monkeypatch):
+    """Card ``native`` is whatever GPU runs the probe: probes that ran on an H200 and a next one on an
+    H100 would read as one ceiling of neither, so the search stops, saying why, before any probe runs."""
+    from harness import gpu_gate
+    from harness.results import Environment
+
+    def on(name: str, launch):
+        def run(cell, layout, gpu, gate=None):
+            done = launch(cell, layout, gpu, gate)
+            path = layout.result_path(cell)
+            result = load_result(path)
+            env = Environment(packages={}, python="3.12", platform="linux", device="cuda:0", device_name=name,
+                              card=result.spec.card, seed=result.spec.seed)  # fmt: skip
+            write_result(result.model_copy(update={"env": env}), path)
+            return done
+
+        return run
+
+    s = search(card="native", start=512, limit=1024)
+    monkeypatch.setattr(gpu_gate, "device_name", lambda gpu: "NVIDIA H200")
+    monkeypatch.setattr(orchestrate, "launch", on("NVIDIA H200", fake_probe(700, calls=(h200 := []))))
+    first = run_search(s, layout)
+    assert (first.fits, first.fails, first.stopped) == (672, 704, None) and h200[-1] == (672, 43)
+    # the search gains a seed while an H100 is what the host lends
+    monkeypatch.setattr(gpu_gate, "device_name", lambda gpu: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(orchestrate, "launch", lambda *a, **k: pytest.fail("a probe ran on another GPU"))
+    s = search(card="native", start=512, limit=1024, seeds=[42, 43, 44])
+    stopped = run_search(s, layout)
+    assert stopped.stopped == ("its probes ran on the whole NVIDIA H200; this GPU is NVIDIA H100 80GB HBM3, "
+                               "and a search of the whole device does not mix devices")  # fmt: skip
+    assert not stopped.done and stopped.next_batch == 672  # unfinished, as its probes leave it: seed 44 to run
+    # a capped card caps any device alike: its search runs wherever it is
+    monkeypatch.setattr(orchestrate, "launch", on("NVIDIA H100 80GB HBM3", fake_probe(700, calls=(h100 := []))))
+    assert run_search(search(card="rtx4090-24gb", start=512, limit=1024), layout).fits is not None and h100
+
+
 def test_a_crashed_probe_runs_again_once_with_rerun_crashed(layout, monkeypatch):
     monkeypatch.setattr(orchestrate, "launch", fake_probe(700, crash_at=512))
     s = search(limit=1024)

@@ -17,13 +17,18 @@ from harness import gpu_gate
 from harness.grid import GridCell
 from harness.orchestrate.launcher import Gate, Layout, launch, set_aside, state
 from harness.orchestrate.pool import cell_environment, gpu_set, run_on_gpus
-from harness.search import Ceiling, CeilingSearch, describe, search_state
+from harness.search import Ceiling, CeilingSearch, Probes, describe, device_mismatch, search_state
 
 
 def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gate | None,
                echo: Callable[[str], None] = print, rerun_crashed: bool = False) -> Ceiling:  # fmt: skip
     """Run the probes a search still needs, one at a time, and return where it ends."""
     rerun = set()  # crashed probes run again once each, not again and again
+    if search.card == "native":  # uncapped: the device is the card, so every probe must run on one kind of GPU
+        here = gpu_gate.device_name(cell_environment(gpu, os.environ)["CUDA_VISIBLE_DEVICES"])
+        reason = device_mismatch(Probes.read(search, layout.results_dir), here)
+        if reason is not None:
+            return dataclasses.replace(search_state(search, layout.results_dir)[0], stopped=reason)
     while True:
         ceiling, spec = search_state(search, layout.results_dir, rerun_crashed)
         if spec is None:
