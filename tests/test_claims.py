@@ -299,3 +299,19 @@ def test_the_search_tolerance_describes_the_searches_the_ceiling_claims_read(com
         if row is not None:
             assert row.allocator == "default"
             assert f"{row.search.steps} steps, {len(row.search.seeds)} seeds" in why, row.search.name
+
+
+def test_every_gpu_result_ran_on_the_gpu_the_card_labels_name():
+    """The book labels every card 'measured on an H200' (capped, or whole): true only while every committed
+    GPU result ran on one. A result from another GPU (a lease that lent an H100) fails here until the
+    labels say where each number came from."""
+    from collections import Counter
+
+    from harness.report import text
+    from harness.results import read_results
+
+    results, _ = read_results(ROOT / "results")
+    ran_on = Counter(result.env.device_name for _, result in results if result.env and result.env.device.startswith("cuda"))
+    assert sum(ran_on.values()) > 500, ran_on
+    assert set(ran_on) == {"NVIDIA H200"}, ran_on
+    assert "on an H200" in text.card_label("h100-80gb") and "the whole H200" in text.card_label("native")
