@@ -141,7 +141,7 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
         recorder.step = step
         neighbours.look()
         if step and step % PROGRESS_EVERY == 0 and spec.steps >= PROGRESS_MIN_STEPS and spec.world_size == 1:
-            write_progress(progress_of(spec, timer), output)
+            write_progress(progress_of(spec, timer, device), output)
 
     timer = StepTimer(device, watch, on_step=on_step, ledger=ledger,
                       min_steps=spec.steps, min_steady=spec.min_steady_steps, warmup_steps=spec.warmup_steps)  # fmt: skip
@@ -237,8 +237,8 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
     return result
 
 
-def progress_of(spec: TrainSpec, timer: StepTimer) -> Progress:
-    """What the cell has measured so far: its completed steps' peaks and times."""
+def progress_of(spec: TrainSpec, timer: StepTimer, device: torch.device) -> Progress:
+    """What the cell has measured so far on ``device``: its completed steps' peaks and times."""
     return Progress(
         cell_id=spec.cell_id,
         spec=spec,
@@ -247,6 +247,7 @@ def progress_of(spec: TrainSpec, timer: StepTimer) -> Progress:
         step_peak_reserved_per_step_mib=[to_mib(n) for n in timer.step_peak_reserved_bytes],
         step_times_sec=list(timer.step_times_sec),
         gpu_share_gib=gpu_gate.share_gib(),
+        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         written_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
 

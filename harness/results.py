@@ -340,6 +340,7 @@ class Progress(_Record):
     step_peak_reserved_per_step_mib: list[float]
     step_times_sec: list[float]
     gpu_share_gib: float | None = None
+    device_name: str | None = None  # the GPU it ran on ("NVIDIA H200"); None in records written before it was kept
     written_at: str
 
 

@@ -120,10 +120,14 @@ def test_the_committed_long_run_grid_reads_with_or_without_results():
         assert longrun.reading(runs).startswith(f"None of the {len(runs)} long runs has run yet")
     # one panel per stack and allocator setting that ran: no two runs of one backend share a panel
     figure = longrun.plot(runs)
-    ran = {(run.cell.spec.stack, run.cell.spec.allocator) for run in runs if run.reserved_per_step}
+    ran = [run for run in runs if run.reserved_per_step]
+    # a panel per stack and allocator setting that ran, and one more there for each further run of one backend
+    panels = {(run.cell.spec.stack, run.cell.spec.allocator,
+               sum(longrun.setting(other) == longrun.setting(run) for other in ran[:index]))
+              for index, run in enumerate(ran)}  # fmt: skip
     assert (figure is None) == (not ran)
     if figure is not None:
-        assert len(figure.axes) == len(ran)
+        assert len(figure.axes) == len(panels) >= len({(stack, allocator) for stack, allocator, _ in panels})
         for axis in figure.axes:
             shown = [text.get_text().split(":")[0] for text in axis.get_legend().get_texts()]
             backends = {label.split(" B=")[0] for label in shown}
@@ -230,3 +234,22 @@ def test_a_run_below_a_ceiling_whose_run_ran_out_is_read_beside_it_in_a_panel_of
                       "ColQwen2, default allocator, a further run of a backend: step peaks per step"]  # fmt: skip
     assert [text.get_text() for text in figure.axes[1].get_legend().get_texts()] == [
         "lik B=144: reserved", "lik B=144: allocated"]
+
+
+def test_a_run_on_another_gpu_than_the_h200_says_which(tmp_path):
+    """The book's cards are capped H200s; a long run a lease ran on an H100 (capped alike) says so in the
+    table, the reading and the plot's legend, and one on an H200 (or of no recorded GPU) says nothing."""
+    grid, results = write_runs(tmp_path)
+    pylate = load_grid(grid)[2]
+    where = results.root / "long-run" / "pylate" / "grad-checkpoint" / f"{pylate.cell_id}.json"
+    write_progress(progress(pylate, 20).model_copy(update={"device_name": "NVIDIA H200"}), where)
+    assert longrun.long_runs(results, grid)[2].where == ""
+    write_progress(progress(pylate, 21).model_copy(update={"device_name": "NVIDIA H100 80GB HBM3"}), where)
+    runs = longrun.long_runs(results, grid)
+    assert runs[2].device == "NVIDIA H100 80GB HBM3"
+    said = " on an H100 80GB HBM3 (its card's cap alike)"
+    assert longrun.table(runs, searches=[])[longrun.OUTCOME][2] == f"21 of 30 steps{said}, then cut short by its host (no OOM)"
+    reading = longrun.reading(runs)
+    assert f"PyLate vanilla at B = 640 on 80 GB trained 21 of 30 steps{said} before its host was taken back" in reading
+    legend = [text.get_text() for axis in longrun.plot(runs).axes for text in axis.get_legend().get_texts()]
+    assert f"vanilla B=640: cut short by its host after step 21{said}" in legend

@@ -84,6 +84,21 @@ class LongRun:
         return f"{stack} {self.backend} at B = {spec.batch_size} on {card_short(spec.card)}{allocator}"
 
     @property
+    def device(self) -> str | None:
+        """The GPU it ran on, as its result or progress record names it (None: not run, or not recorded)."""
+        if self.result is not None and self.result.env is not None and self.result.env.device_name:
+            return self.result.env.device_name
+        return None if self.progress is None else self.progress.device_name
+
+    @property
+    def where(self) -> str:
+        """' on an H100 80GB HBM3 (its card's cap alike)' for a run on a GPU other than the H200 the
+        book's cards are measured on; '' for one on an H200 or of no recorded GPU."""
+        if self.device is None or "H200" in self.device:
+            return ""
+        return f" on an {self.device.removeprefix('NVIDIA ')} (its card's cap alike)"
+
+    @property
     def steps_trained(self) -> int:
         return len(self.reserved_per_step)
 
@@ -180,7 +195,7 @@ def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.Data
         if result is None and not run.cut:
             outcome = f"not run yet ({spec.steps} steps)"
         elif result is None:
-            outcome = f"{run.steps_trained} of {spec.steps} steps, then cut short by its host (no OOM)"
+            outcome = f"{run.steps_trained} of {spec.steps} steps{run.where}, then cut short by its host (no OOM)"
         elif run.held:
             outcome = f"trained all {spec.steps} steps"
         elif result.outcome == "oom":
@@ -239,17 +254,20 @@ def reading(runs: Sequence[LongRun]) -> str:
                      f"the {len(ran)} long runs that ended)"]  # fmt: skip
     else:
         sentences = [f"none of the {len(ran)} long runs that ended trained every step at its batch"] if len(ran) > 1 else []
+    said_below: list[LongRun] = []  # runs below a failed one, said beside it
     for run in failed:
         assert run.result is not None
         if run.result.outcome == "oom":
             sentences.append(f"{run.name} ran out of memory after {run.steps_trained} of {run.cell.spec.steps} "
                              f"steps, so its 8-step ceiling does not hold over a run{_why_out(run)}")  # fmt: skip
-            sentences += [_below_words(run, lower) for lower in below(run, runs) if lower.result is not None or lower.cut]
+            lower_ran = [lower for lower in below(run, runs) if lower.result is not None or lower.cut]
+            sentences += [_below_words(run, lower) for lower in lower_ran]
+            said_below += lower_ran
         else:
             sentences.append(f"{run.name} ended {run.result.outcome} after {run.steps_trained} of "
                              f"{run.cell.spec.steps} steps, which says nothing of its memory")  # fmt: skip
-    for run in cut:
-        sentences.append(f"{run.name} trained {run.steps_trained} of {run.cell.spec.steps} steps before its "
+    for run in (run for run in cut if run not in said_below):
+        sentences.append(f"{run.name} trained {run.steps_trained} of {run.cell.spec.steps} steps{run.where} before its "
                          "host was taken back, without running out of memory up to there")  # fmt: skip
     growth = [(run, run.after_horizon(run.reserved_per_step)) for run in held + cut]
     measured = [(run, grew) for run, grew in growth if grew is not None]
@@ -294,7 +312,8 @@ def _below_words(run: LongRun, lower: LongRun) -> str:
     share = f"{lower.cell.spec.batch_size / run.cell.spec.batch_size:.0%} of that batch"
     steps = lower.cell.spec.steps
     if lower.result is None:
-        ended = f"trained {lower.steps_trained} of {steps} steps before its host was taken back, without running out of memory"
+        ended = (f"trained {lower.steps_trained} of {steps} steps{lower.where} before its host was taken back, without "
+                 "running out of memory")  # fmt: skip
     elif lower.held:
         ended = f"trained all {steps} steps"
     elif lower.result.outcome == "oom":
@@ -348,7 +367,7 @@ def plot(runs: Sequence[LongRun]) -> Figure | None:
                       label=f"{label}: allocated")  # fmt: skip
             if run.cut:  # where its host was taken back: a bar after its last step
                 axis.plot([len(reserved)], [reserved[-1]], color=colour, marker="|", markersize=10, linestyle="none",
-                          label=f"{label}: cut short by its host after step {len(reserved)}")  # fmt: skip
+                          label=f"{label}: cut short by its host after step {len(reserved)}{run.where}")  # fmt: skip
             elif run.result is not None and not run.held:  # where it ran out of memory: the step after its last
                 axis.plot([len(reserved) + 1], [reserved[-1]], color=colour, marker="x", markersize=8, linestyle="none",
                           label=f"{label}: {run.result.outcome} at step {len(reserved) + 1}")  # fmt: skip
