@@ -81,10 +81,20 @@ case "${1:-}" in
     WAIT=${2:-0}
     # A machine given back between calls comes back bare: never wait on a queue that is not there.
     [ -f "$LOG/queue.pid" ] || { echo "no queue was started on this machine (a fresh one?): nothing to wait for"; exit 1; }
-    while [ "$SECONDS" -lt "$WAIT" ] && [ ! -f "$LOG/queue.done" ]; do sleep 5; done
+    # Pack every minute while waiting, not only at the end: a call that runs past its limit (a budget
+    # smaller than SECONDS) is killed, and then what was last packed under $OUT is what comes back.
+    pack_now() {
+      tar czf "$OUT/.results.tar.gz" device-results device-cells 2>/dev/null && mv "$OUT/.results.tar.gz" "$OUT/results.tar.gz"
+      set +f; cp "$LOG"/*.log "$OUT/" 2>/dev/null; set -f  # (globbing is off for the jobs' options)
+    }
+    trap 'pack_now; exit 124' TERM INT
+    packed=$SECONDS
+    while [ "$SECONDS" -lt "$WAIT" ] && [ ! -f "$LOG/queue.done" ]; do
+      sleep 5
+      if [ $((SECONDS - packed)) -ge 60 ]; then pack_now; packed=$SECONDS; fi
+    done
     find device-results -name '*.json' | wc -l
-    tar czf "$OUT/results.tar.gz" device-results device-cells 2>/dev/null
-    cp "$LOG"/*.log "$OUT/" 2>/dev/null
+    pack_now
     tail -40 "$LOG/queue.log"
     if [ -f "$LOG/queue.done" ]; then echo "QUEUE DONE"; else echo "queue still running"; fi ;;
   *) echo "usage: $0 start QUEUE | pack [SECONDS]"; exit 2 ;;
