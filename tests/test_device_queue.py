@@ -40,3 +40,27 @@ def test_pack_packs_what_a_finished_queue_wrote(tmp_path):
     assert run.returncode == 0 and "QUEUE DONE" in run.stdout
     with tarfile.open(tmp_path / "out" / "results.tar.gz") as packed:
         assert "device-results/ceilings/pylate/plain/cell.json" in packed.getnames()
+    assert (tmp_path / "out" / "queue.log").read_text() == "== queue done\n"  # the queue's log comes back beside it
+
+
+def test_a_pack_killed_at_its_calls_limit_still_leaves_what_finished(tmp_path):
+    """A device call whose budget is shorter than the wait it was asked is killed (SIGTERM) before the
+    end of its wait: what finished so far must still be packed under $OUT, never lost with the machine."""
+    log = tmp_path / "device-log"
+    log.mkdir()
+    (log / "queue.pid").write_text("1\n")  # a queue still running
+    (log / "queue.log").write_text("== harness sweep grids/long-run.yaml\n")
+    result = tmp_path / "device-results" / "long-run" / "colpali" / "plain" / "cell.progress"
+    result.parent.mkdir(parents=True)
+    result.write_text("{}\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    waiting = subprocess.Popen(["bash", str(SCRIPT), "pack", "300"], cwd=tmp_path, env={"OUT": str(out), "PATH": "/usr/bin:/bin"},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(2)
+    assert not (out / "results.tar.gz").exists()  # still waiting: the first periodic pack is a minute away
+    waiting.terminate()
+    assert waiting.wait(timeout=30) == 124
+    with tarfile.open(out / "results.tar.gz") as packed:
+        assert "device-results/long-run/colpali/plain/cell.progress" in packed.getnames()
+    assert (out / "queue.log").exists()
