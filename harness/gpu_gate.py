@@ -177,19 +177,26 @@ def live_entries(entries: Path, own_tag: str) -> dict[str, str]:
     return live
 
 
+def _query(gpu: str, field: str) -> str:
+    """One ``nvidia-smi --query-gpu`` field of ``gpu``, asked of ``nvidia-smi`` so that the asking
+    process creates no CUDA context of its own; raises OSError or SubprocessError where it cannot."""
+    import subprocess
+
+    completed = subprocess.run(
+        ["nvidia-smi", "-i", gpu, f"--query-gpu={field}", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return completed.stdout.strip()
+
+
 def device_name(gpu: str) -> str | None:
-    """The name ``nvidia-smi`` gives ``gpu`` ("NVIDIA H200"), or None where it cannot say; asked of
-    ``nvidia-smi`` so that the asking process creates no CUDA context of its own."""
+    """The name ``nvidia-smi`` gives ``gpu`` ("NVIDIA H200"), or None where it cannot say."""
     import subprocess
 
     try:
-        completed = subprocess.run(
-            ["nvidia-smi", "-i", gpu, "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, check=True, timeout=60,
-        )  # fmt: skip
+        return _query(gpu, "name") or None
     except (OSError, subprocess.SubprocessError):
         return None
-    return completed.stdout.strip() or None
 
 
 def free_memory_gib(gpu: str) -> float:
@@ -198,10 +205,6 @@ def free_memory_gib(gpu: str) -> float:
     import subprocess
 
     try:
-        completed = subprocess.run(
-            ["nvidia-smi", "-i", gpu, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, check=True, timeout=60,
-        )  # fmt: skip
-        return float(completed.stdout.split()[0]) / 1024
+        return float(_query(gpu, "memory.free").split()[0]) / 1024
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as error:
         raise ValueError(f"cannot read GPU {gpu}'s free memory with nvidia-smi ({error}); pass --share-gpu GIB") from None

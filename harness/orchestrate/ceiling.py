@@ -26,9 +26,10 @@ def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gat
     rerun = set()  # crashed probes run again once each, not again and again
     if search.card == "native":  # uncapped: the device is the card, so every probe must run on one kind of GPU
         here = gpu_gate.device_name(cell_environment(gpu, os.environ)["CUDA_VISIBLE_DEVICES"])
-        reason = device_mismatch(Probes.read(search, layout.results_dir), here)
+        probes = Probes.read(search, layout.results_dir)
+        reason = device_mismatch(probes, here)
         if reason is not None:
-            return dataclasses.replace(search_state(search, layout.results_dir)[0], stopped=reason)
+            return dataclasses.replace(search_state(search, probes)[0], stopped=reason)
     while True:
         ceiling, spec = search_state(search, layout.results_dir, rerun_crashed)
         if spec is None:
