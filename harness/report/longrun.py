@@ -343,7 +343,7 @@ def _why_out(run: LongRun) -> str:
 
 def plot(runs: Sequence[LongRun]) -> Figure | None:
     """Reserved (solid) and allocated (dotted) step peaks per step of every long run that ran, one
-    panel per stack and allocator setting (one above the other, legends beside them), a further run of
+    panel per stack and allocator setting (one above the other, legends below them), a further run of
     a backend there (a batch below one that ran out of memory) in a panel of its own, so no two runs of
     one backend share a panel; one colour per backend; the ceiling's 8-step horizon marked, a
     cross where a run ran out of memory and a bar where its host was taken back."""
@@ -354,7 +354,7 @@ def plot(runs: Sequence[LongRun]) -> Figure | None:
     panel = [(run.cell.spec.stack, run.cell.spec.allocator, [setting(other) for other in ran[:index]].count(setting(run)))
              for index, run in enumerate(ran)]  # fmt: skip
     panels = sorted(set(panel))
-    figure, axes = plt.subplots(len(panels), 1, figsize=(9.0, 3.0 * len(panels)), squeeze=False)
+    figure, axes = plt.subplots(len(panels), 1, figsize=(9.0, 4.0 * len(panels)), squeeze=False)
     for axis, (stack, allocator, nth) in zip(axes[:, 0], panels, strict=True):
         for run in (run for run, key in zip(ran, panel, strict=True) if key == (stack, allocator, nth)):
             reserved = np.asarray(run.reserved_per_step) * GIB_PER_MIB
@@ -380,6 +380,7 @@ def plot(runs: Sequence[LongRun]) -> Figure | None:
         axis.grid(alpha=0.3)
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         style.ticks(axis)
-        axis.legend(fontsize=style.LEGEND_PT - 1, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        # below the panel, so the axes keep the figure's width whatever a label's length
+        axis.legend(fontsize=style.LEGEND_PT - 1, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     figure.tight_layout()
     return figure
