@@ -304,14 +304,24 @@ def test_the_search_tolerance_describes_the_searches_the_ceiling_claims_read(com
 def test_every_gpu_result_ran_on_the_gpu_the_card_labels_name():
     """The book labels every card 'measured on an H200' (capped, or whole): true only while every committed
     GPU result ran on one. A result from another GPU (a lease that lent an H100) fails here until the
-    labels say where each number came from."""
+    labels say where each number came from, as the long-run page does for its runs."""
     from collections import Counter
 
     from harness.report import text
     from harness.results import read_results
 
+    from harness.report import data, longrun
+
     results, _ = read_results(ROOT / "results")
-    ran_on = Counter(result.env.device_name for _, result in results if result.env and result.env.device.startswith("cuda"))
+    on_gpu = [result for _, result in results if result.env and result.env.device.startswith("cuda")]
+    # a long run on another GPU at its card's cap is said to be one, in its row, its sentence and its legend
+    elsewhere = [run for run in longrun.long_runs(data.read()) if run.device and "H200" not in run.device]
+    for run in elsewhere:
+        assert run.device and run.device.removeprefix("NVIDIA ") in run.where
+        assert run.where in longrun.table([run], [])[longrun.OUTCOME].iloc[0]
+    named = {(run.result.grid, run.result.cell_id) for run in elsewhere if run.result is not None}
+    ran_on = Counter(result.env.device_name for result in on_gpu  # type: ignore[union-attr]
+                     if (result.grid, result.cell_id) not in named)  # fmt: skip
     assert sum(ran_on.values()) > 500, ran_on
     assert set(ran_on) == {"NVIDIA H200"}, ran_on
     assert "on an H200" in text.card_label("h100-80gb") and "the whole H200" in text.card_label("native")

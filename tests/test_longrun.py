@@ -223,6 +223,15 @@ def test_a_run_below_a_ceiling_whose_run_ran_out_is_read_beside_it_in_a_panel_of
     assert ("ColQwen2 lik at B = 160 on 80 GB ran out of memory after 12 of 20 steps, so its 8-step ceiling does not "
             "hold over a run") in text  # fmt: skip
     assert ". At B = 144, 90% of that batch, a run trained all 20 steps." in text
+    # said beside the run it is below, not among the runs at their batch (nor counted there)
+    assert text.startswith("ColQwen2 vanilla at B = 120 on 80 GB trained every step at its batch (1 of the 2 long runs "
+                           "that ended, besides the one below a batch that ran out of memory). ")  # fmt: skip
+    # trained on an H100 at its card's cap: said in its sentence and its row
+    h100 = dataclasses.replace(below, result=below.result.model_copy(update={
+        "env": below.result.env.model_copy(update={"device_name": "NVIDIA H100 80GB HBM3"})}))
+    on_h100 = longrun.reading([runs[0], failed, planned_pylate, h100])
+    assert ". At B = 144, 90% of that batch, a run trained all 20 steps on an H100 80GB HBM3 (its card's cap alike)." in on_h100
+    assert longrun.table([h100], searches=[])[longrun.OUTCOME][0] == "trained all 20 steps on an H100 80GB HBM3 (its card's cap alike)"
     # cut short instead: said so
     cut = dataclasses.replace(below, result=None, progress=progress(below.cell, 10))
     assert ". At B = 144, 90% of that batch, a run trained 10 of 20 steps before its host was taken back, without " \
@@ -252,4 +261,4 @@ def test_a_run_on_another_gpu_than_the_h200_says_which(tmp_path):
     reading = longrun.reading(runs)
     assert f"PyLate vanilla at B = 640 on 80 GB trained 21 of 30 steps{said} before its host was taken back" in reading
     legend = [text.get_text() for axis in longrun.plot(runs).axes for text in axis.get_legend().get_texts()]
-    assert f"vanilla B=640: cut short by its host after step 21{said}" in legend
+    assert "vanilla B=640 (H100): cut short by its host after step 21" in legend

@@ -197,7 +197,7 @@ def table(runs: Sequence[LongRun], searches: Sequence[SearchRow], timed: pd.Data
         elif result is None:
             outcome = f"{run.steps_trained} of {spec.steps} steps{run.where}, then cut short by its host (no OOM)"
         elif run.held:
-            outcome = f"trained all {spec.steps} steps"
+            outcome = f"trained all {spec.steps} steps{run.where}"
         elif result.outcome == "oom":
             outcome = f"oom at step {run.steps_trained + 1} of {spec.steps}"
         else:
@@ -244,32 +244,37 @@ def reading(runs: Sequence[LongRun]) -> str:
     if not ran and not cut:
         return (f"None of the {len(runs)} long runs has run yet (`harness sweep grids/{LONG_RUN}.yaml` on a GPU host), "
                 f"so whether an 8-step ceiling holds over a whole run is not measured here.")  # fmt: skip
-    held = [run for run in ran if run.held]
     failed = [run for run in ran if not run.held]
-    if len(held) == len(ran) == 1:  # one run: named, not counted
+    # a run below a batch that failed is said beside it, after this sentence of the runs that held
+    said_below = [lower for run in failed if run.result is not None and run.result.outcome == "oom"
+                  for lower in below(run, runs) if lower.result is not None or lower.cut]  # fmt: skip
+    held = [run for run in ran if run.held and run not in said_below]
+    ended = [run for run in ran if run not in said_below]
+    besides = ("" if not said_below else ", besides the one below a batch that ran out of memory" if len(said_below) == 1
+               else f", besides the {len(said_below)} below batches that ran out of memory")  # fmt: skip
+    if len(held) == len(ended) == 1:  # one run: named, not counted
         sentences = [f"{held[0].name} trained all {held[0].cell.spec.steps} of its steps"]
     elif held:
         their = "their" if len(held) > 1 else "its"
         sentences = [f"{joined([run.name for run in held])} trained every step at {their} batch ({len(held)} of "
-                     f"the {len(ran)} long runs that ended)"]  # fmt: skip
+                     f"the {len(ended)} long runs that ended{besides})"]  # fmt: skip
+    elif len(ended) > 1:
+        sentences = [f"none of the {len(ended)} long runs that ended{besides} trained every step at its batch"]
     else:
-        sentences = [f"none of the {len(ran)} long runs that ended trained every step at its batch"] if len(ran) > 1 else []
-    said_below: list[LongRun] = []  # runs below a failed one, said beside it
+        sentences = []
     for run in failed:
         assert run.result is not None
         if run.result.outcome == "oom":
             sentences.append(f"{run.name} ran out of memory after {run.steps_trained} of {run.cell.spec.steps} "
                              f"steps, so its 8-step ceiling does not hold over a run{_why_out(run)}")  # fmt: skip
-            lower_ran = [lower for lower in below(run, runs) if lower.result is not None or lower.cut]
-            sentences += [_below_words(run, lower) for lower in lower_ran]
-            said_below += lower_ran
+            sentences += [_below_words(run, lower) for lower in below(run, runs) if lower in said_below]
         else:
             sentences.append(f"{run.name} ended {run.result.outcome} after {run.steps_trained} of "
                              f"{run.cell.spec.steps} steps, which says nothing of its memory")  # fmt: skip
     for run in (run for run in cut if run not in said_below):
         sentences.append(f"{run.name} trained {run.steps_trained} of {run.cell.spec.steps} steps{run.where} before its "
                          "host was taken back, without running out of memory up to there")  # fmt: skip
-    growth = [(run, run.after_horizon(run.reserved_per_step)) for run in held + cut]
+    growth = [(run, run.after_horizon(run.reserved_per_step)) for run in ran + cut if run.held or run.cut]
     measured = [(run, grew) for run, grew in growth if grew is not None]
     if measured:
         most_run, most = max(measured, key=lambda pair: pair[1])
@@ -315,7 +320,7 @@ def _below_words(run: LongRun, lower: LongRun) -> str:
         ended = (f"trained {lower.steps_trained} of {steps} steps{lower.where} before its host was taken back, without "
                  "running out of memory")  # fmt: skip
     elif lower.held:
-        ended = f"trained all {steps} steps"
+        ended = f"trained all {steps} steps{lower.where}"
     elif lower.result.outcome == "oom":
         ended = f"ran out of memory after {lower.steps_trained} of {steps} steps as well"
     else:
@@ -346,7 +351,8 @@ def plot(runs: Sequence[LongRun]) -> Figure | None:
     panel per stack and allocator setting (one above the other, legends below them), a further run of
     a backend there (a batch below one that ran out of memory) in a panel of its own, so no two runs of
     one backend share a panel; one colour per backend; the ceiling's 8-step horizon marked, a
-    cross where a run ran out of memory and a bar where its host was taken back."""
+    cross where a run ran out of memory and a bar where its host was taken back; a run on a GPU other than
+    an H200 names it ("lik B=144 (H100)")."""
     ran = [run for run in runs if run.reserved_per_step]
     if not ran:
         return None
@@ -361,13 +367,14 @@ def plot(runs: Sequence[LongRun]) -> Figure | None:
             allocated = np.asarray(run.allocated_per_step) * GIB_PER_MIB
             steps = np.arange(1, len(reserved) + 1)
             colour = style.colour(run.backend)
-            label = f"{run.backend} B={run.cell.spec.batch_size}"
+            gpu = f" ({run.device.removeprefix('NVIDIA ').split()[0]})" if run.where and run.device else ""  # "(H100)"
+            label = f"{run.backend} B={run.cell.spec.batch_size}{gpu}"
             axis.plot(steps, reserved, color=colour, linewidth=1.5, label=f"{label}: reserved")
             axis.plot(steps[: len(allocated)], allocated, color=colour, linestyle=":", linewidth=1.2,
                       label=f"{label}: allocated")  # fmt: skip
             if run.cut:  # where its host was taken back: a bar after its last step
                 axis.plot([len(reserved)], [reserved[-1]], color=colour, marker="|", markersize=10, linestyle="none",
-                          label=f"{label}: cut short by its host after step {len(reserved)}{run.where}")  # fmt: skip
+                          label=f"{label}: cut short by its host after step {len(reserved)}")  # fmt: skip
             elif run.result is not None and not run.held:  # where it ran out of memory: the step after its last
                 axis.plot([len(reserved) + 1], [reserved[-1]], color=colour, marker="x", markersize=8, linestyle="none",
                           label=f"{label}: {run.result.outcome} at step {len(reserved) + 1}")  # fmt: skip
