@@ -307,10 +307,8 @@ def test_every_gpu_result_ran_on_the_gpu_the_card_labels_name():
     labels say where each number came from, as the long-run page does for its runs."""
     from collections import Counter
 
-    from harness.report import text
+    from harness.report import data, longrun, text
     from harness.results import read_results
-
-    from harness.report import data, longrun
 
     results, _ = read_results(ROOT / "results")
     on_gpu = [result for _, result in results if result.env and result.env.device.startswith("cuda")]

@@ -4,12 +4,14 @@ planned cell listed, how each ended, and how reserved memory moved past the ceil
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
 from harness.grid import load_grid
-from harness.report import data, longrun
+from harness.report import data, decision, longrun, prose
+from harness.report import text as text_module
 from harness.results import Progress, write_progress, write_result
 from harness.search import CeilingSearch
 from test_results import make_result
@@ -231,7 +233,27 @@ def test_a_run_below_a_ceiling_whose_run_ran_out_is_read_beside_it_in_a_panel_of
         "env": below.result.env.model_copy(update={"device_name": "NVIDIA H100 80GB HBM3"})}))
     on_h100 = longrun.reading([runs[0], failed, planned_pylate, h100])
     assert ". At B = 144, 90% of that batch, a run trained all 20 steps on an H100 80GB HBM3 (its card's cap alike)." in on_h100
-    assert longrun.table([h100], searches=[])[longrun.OUTCOME][0] == "trained all 20 steps on an H100 80GB HBM3 (its card's cap alike)"
+    outcome = longrun.table([h100], searches=[])[longrun.OUTCOME][0]
+    assert outcome == "trained all 20 steps on an H100 80GB HBM3 (its card's cap alike)"
+    # the ceiling's verdict carries the run below it: its table entry, the recommendation and the note under the table
+    search = CeilingSearch(stack="colpali", regime="plain", variant="lik", card="h100-80gb", seeds=(42, 43, 44),
+                           start=128, limit=512, resolution=8)  # fmt: skip
+    long = [result for _, result in data.read(results.root).of("long-run")]
+    verdict = data.long_run_at(search, 160, long)
+    assert verdict is not None and verdict.below is not None and verdict.below.held
+    assert (verdict.batch_size, verdict.below.batch_size, verdict.below.steps) == (160, 144, 20)
+    row = SimpleNamespace(long_run=verdict, fits=160, stack="colpali", backend="lik", card="h100-80gb", allocator="default")
+    assert text_module.below_words(verdict.below) == "; 144 trained all 20"
+    assert prose.long_run_note([row]) == ("† At ColQwen2 lik on 80 GB's ceiling of 160, a long run ran out of memory at "
+                                          "step 13 of 20; at 144 (90% of it), one trained all 20 steps. The long-run "
+                                          "section below follows every step.")  # fmt: skip
+    h100_verdict = dataclasses.replace(verdict, below=dataclasses.replace(verdict.below, device_name="NVIDIA H100 80GB HBM3"))
+    assert prose.long_run_note([SimpleNamespace(**{**vars(row), "long_run": h100_verdict})]).endswith(
+        "one trained all 20 steps, on an H100 80GB HBM3 at the same cap. The long-run section below follows every step.")
+    assert decision.long_run_words([row]).endswith("so that 8-step ceiling is not a batch a run can train at, while 144 "
+                                                   "trained all 20 steps")  # fmt: skip
+    held = data.LongRunVerdict(120, 20, 20, "ok")
+    assert prose.long_run_note([SimpleNamespace(**{**vars(row), "long_run": held})]) == ""  # held: no note
     # cut short instead: said so
     cut = dataclasses.replace(below, result=None, progress=progress(below.cell, 10))
     assert ". At B = 144, 90% of that batch, a run trained 10 of 20 steps before its host was taken back, without " \

@@ -296,18 +296,24 @@ def probes_of(probes: pd.DataFrame, stack: str, regime: str, batch: int, backend
 @dataclasses.dataclass(frozen=True)
 class LongRunVerdict:
     """How a long run (``grids/long-run.yaml``) at a search's ceiling batch ended: it trained
-    ``steps_trained`` of its ``steps`` steps, ending ``outcome`` (``ok``, ``oom`` or ``crashed``)."""
+    ``steps_trained`` of its ``steps`` steps, ending ``outcome`` (``ok``, ``oom`` or ``crashed``), on
+    the GPU ``device_name``; where it ran out of memory, ``below`` is the run of the same setting at the
+    largest smaller batch (the grid's stated margin), where one ended."""
 
     batch_size: int
     steps: int
     steps_trained: int
     outcome: str
+    device_name: str | None = None
+    below: LongRunVerdict | None = None
 
     @classmethod
     def of(cls, result: CellResult) -> LongRunVerdict:
         """How the long run ``result`` ended: the steps it asked for and the steps it measured."""
         assert isinstance(result.spec, TrainSpec)  # the long-run grid trains
-        return cls(result.spec.batch_size, result.spec.steps, len(result.step_peak_reserved_per_step_mib), result.outcome)
+        device = result.env.device_name if result.env is not None else None
+        return cls(result.spec.batch_size, result.spec.steps, len(result.step_peak_reserved_per_step_mib), result.outcome,
+                   device or None)  # fmt: skip
 
     @property
     def held(self) -> bool:
@@ -329,9 +335,17 @@ def long_run_at(search: CeilingSearch, batch_size: int | None, long: Sequence[Ce
     if batch_size is None:
         return None
     probe = search.probe(batch_size, search.seeds[0])
-    for result in long:
-        if result.outcome in ("ok", "oom", "crashed") and set(differences(probe, result.spec)) <= set(LONG_RUN_FREE):
-            return LongRunVerdict.of(result)
+    ended = [result for result in long if result.outcome in ("ok", "oom", "crashed")]
+    for result in ended:
+        if set(differences(probe, result.spec)) <= set(LONG_RUN_FREE):
+            verdict = LongRunVerdict.of(result)
+            if not verdict.ran_out:
+                return verdict
+            lower = [LongRunVerdict.of(other) for other in ended
+                     if set(differences(probe, other.spec)) <= {"batch_size", *LONG_RUN_FREE}
+                     and isinstance(other.spec, TrainSpec) and other.spec.batch_size < batch_size]  # fmt: skip
+            below = max(lower, key=lambda run: run.batch_size, default=None)
+            return dataclasses.replace(verdict, below=below)
     return None
 
 

@@ -236,7 +236,8 @@ def unsettled_words(rows: Sequence[SearchRow], backend: str, cards: Sequence[str
 def long_run_words(rows: Sequence[SearchRow]) -> str:
     """How the long runs at a regime's settled ceilings (default allocator) ended, in one clause:
     'Over a long run, vanilla's 120 on 80 GB trained all 100 steps; lik's 160 on 80 GB ran out of
-    memory at step 27 of 100, so that 8-step ceiling is not a batch a run can train at'; '' where none ran."""
+    memory at step 27 of 100, so that 8-step ceiling is not a batch a run can train at, while 144 trained
+    all 100 steps'; '' where none ran."""
     said = []
     for row in rows:
         run = row.long_run
@@ -246,8 +247,11 @@ def long_run_words(rows: Sequence[SearchRow]) -> str:
         if run.held:
             said.append(f"{where} trained all {run.steps} steps")
         elif run.ran_out:
+            lower = run.below
+            after = ("" if lower is None or not lower.held
+                     else f", while {lower.batch_size} trained all {lower.steps} steps")  # fmt: skip
             said.append(f"{where} ran out of memory at step {run.steps_trained + 1} of {run.steps}, "
-                        "so that 8-step ceiling is not a batch a run can train at")  # fmt: skip
+                        f"so that 8-step ceiling is not a batch a run can train at{after}")  # fmt: skip
         else:
             said.append(f"{where} ended {run.outcome} after {run.steps_trained} of {run.steps} steps")
     return f"Over a long run, {'; '.join(said)}" if said else ""

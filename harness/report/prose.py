@@ -25,6 +25,7 @@ from harness.report.data import (
 from harness.report.tables import call_tokens, largest_call, timed
 from harness.report.text import (
     LOADER_MARK,
+    LONG_RUN_MARK,
     STACK_NAMES,
     allocator_words,
     as_published,
@@ -1165,6 +1166,38 @@ def _search_name(row: SearchRow) -> str:
     """A search in words: 'ColQwen2 lik on 141 GB (whole H200)', ', expandable segments' added for that allocator."""
     allocator = "" if row.allocator == "default" else f", {allocator_words(row.allocator)}"
     return f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)}{allocator}"
+
+
+def long_run_note(searches: Sequence[SearchRow]) -> str:
+    """The note under the ceiling table for the ceilings marked †: at which step the long run at each
+    ran out of memory, and how the run below it (the long-run grid's stated margin) ended, naming the
+    GPU where it was not an H200: '† At ColQwen2 lik on 80 GB's ceiling of 160, a long run ran out of
+    memory at step 27 of 100; at 144 (90% of it), one trained all 100 steps, on an H100 80GB HBM3 at the
+    same cap.' Empty where no long run at a ceiling ran out of memory."""
+    said = []
+    for row in searches:
+        run = row.long_run
+        if run is None or not run.ran_out:
+            continue
+        text = (f"At {_search_name(row)}'s ceiling of {run.batch_size}, a long run ran out of memory at step "
+                f"{run.steps_trained + 1} of {run.steps}")  # fmt: skip
+        lower = run.below
+        if lower is None:
+            text += "; no run below it has ended yet"
+        else:
+            share = f"{lower.batch_size} ({lower.batch_size / run.batch_size:.0%} of it)"
+            if lower.held:
+                text += f"; at {share}, one trained all {lower.steps} steps"
+            elif lower.ran_out:
+                text += f"; at {share}, one ran out of memory as well, at step {lower.steps_trained + 1} of {lower.steps}"
+            else:
+                text += f"; at {share}, one ended {lower.outcome} after {lower.steps_trained} of {lower.steps} steps"
+            if lower.device_name and "H200" not in lower.device_name:
+                text += f", on an {lower.device_name.removeprefix('NVIDIA ')} at the same cap"
+        said.append(text + ".")
+    if not said:
+        return ""
+    return f"{LONG_RUN_MARK} {' '.join(said)} The long-run section below follows every step."
 
 
 def loader_reading(searches: Sequence[SearchRow]) -> str:

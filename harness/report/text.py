@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.report.data import GIB_PER_MIB, SearchRow
+from harness.report.data import GIB_PER_MIB, LongRunVerdict, SearchRow
 from harness.results import HOST_OUT_OF_MEMORY
 from harness.spec import CARDS
 
@@ -193,7 +193,8 @@ def ceiling_text(row: SearchRow) -> str:
     a search stopped by a crashed probe (its kernel died: neither fit nor failure) says where:
     '≥ 288 (the probe at 320 crashed)', or one the host's out-of-memory killer ended '≥ 288 (the probe at
     320 ran out of host memory)'; a ceiling at which a long run ran out of memory says when:
-    '160† (OOM at step 27 of 100)'; one whose probes collated with fewer dataloader workers than the
+    '160† (OOM at step 27 of 100)', and where a run below it ended, how: '160† (OOM at step 27 of 100;
+    144 trained all 100)'; one whose probes collated with fewer dataloader workers than the
     recipe's is marked: '336‡'."""
     answer = _answer(row)
     return f"{answer}{LOADER_MARK}" if row.search.dataloader_workers is not None and row.probes else answer
@@ -220,8 +221,20 @@ def _answer(row: SearchRow) -> str:
         return f"< {row.fails}"
     run = row.long_run
     if run is not None and run.ran_out:
-        return f"{row.fits}{LONG_RUN_MARK} (OOM at step {run.steps_trained + 1} of {run.steps})"
+        return f"{row.fits}{LONG_RUN_MARK} (OOM at step {run.steps_trained + 1} of {run.steps}{below_words(run.below)})"
     return f"{row.fits}"
+
+
+def below_words(run: LongRunVerdict | None) -> str:
+    """How the long run below a ceiling that ran out of memory ended, as a ceiling's note goes on:
+    '; 144 trained all 100', '; 144 OOM at step 40 of 100' ('' where none ended)."""
+    if run is None:
+        return ""
+    if run.held:
+        return f"; {run.batch_size} trained all {run.steps}"
+    if run.ran_out:
+        return f"; {run.batch_size} OOM at step {run.steps_trained + 1} of {run.steps}"
+    return f"; {run.batch_size} {run.outcome} after {run.steps_trained} of {run.steps}"
 
 
 # The regime as a reader needs it: ColQwen2's "plain" regime is colpali-engine's own recipe, which trains
