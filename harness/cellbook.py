@@ -53,7 +53,7 @@ CELLS_DIR = ROOT / "book" / "cells"
 HEADER_TAG = "cell-header"
 COMMAND = "python -m harness.cellbook refresh"
 # the grids in the order the index shows them: the published recipe first
-GRID_ORDER = ("published", "ours", "gradcache", "op", "ceilings", data.SHARED_CHECK)
+GRID_ORDER = ("published", "ours", "gradcache", "op", "ceilings", data.SHARED_CHECK, data.CROSS_CARD)
 
 DISPLAYS: dict[str, Callable[..., pd.DataFrame]] = {
     "header": display.header, "summary": display.summary, "calls_table": display.calls_table,

@@ -62,7 +62,8 @@ MIB = 1 << 20
 GOAL_FRACTION = 0.05  # a prediction within one search resolution or 5% of the ceiling, whichever is larger
 # Re-runs of cells already in the data; and the traced and long-run cells, the grids' shapes again with
 # 50 to 300 steps each, which a fit over every step would let outweigh all the other cells.
-LEAVE_OUT_GRIDS = (data.REPEAT, data.SHARED_CHECK, data.PARITY, data.LONG_RUN, data.MULTI_GPU, data.MULTI_GPU_CEILINGS)
+LEAVE_OUT_GRIDS = (data.REPEAT, data.SHARED_CHECK, data.CROSS_CARD, data.PARITY, data.LONG_RUN, data.MULTI_GPU,
+                   data.MULTI_GPU_CEILINGS)
 RECIPES = (("colpali", "plain"), ("pylate", "grad-checkpoint"), ("pylate", "plain"))
 Placement = Literal["none", "transient", "held"]
 

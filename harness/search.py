@@ -223,15 +223,51 @@ class Probes:
         return {result.env.device_name for result in self.by_probe.values() if result.env and result.env.device_name}
 
 
-def device_mismatch(probes: Probes, here: str | None) -> str | None:
-    """Why a search of the whole, uncapped device (card ``native``) may not run its next probe on
-    ``here``: its probes ran on another GPU, and a ceiling read off two devices answers for neither.
-    None where it may (a capped card caps every device alike; ``here`` unknown; no probe yet)."""
+CROSS_CARD = "cross-card-check"  # grids/cross-card-check.yaml: capped searches run again on another GPU
+
+
+def device_mismatch(probes: Probes, here: str | None, vouched: frozenset[str] = frozenset()) -> str | None:
+    """Why a search may not run its next probe on ``here``, where its probes ran on another GPU: a
+    search of the whole, uncapped device (card ``native``) never mixes devices, since a ceiling read
+    off two answers for neither; a capped one mixes them only where the cross-card check vouches for
+    ``here`` (``vouched``: :func:`vouched_devices`) — that under a cap it measures the bytes the other
+    measures. None where it may (``here`` unknown; no probe yet; the cross-card check's own searches)."""
     ran_on = probes.devices()
-    if probes.search.card != "native" or here is None or not ran_on or here in ran_on:
+    if here is None or not ran_on or here in ran_on or probes.search.grid == CROSS_CARD:
         return None
-    return (f"its probes ran on the whole {', '.join(sorted(ran_on))}; this GPU is {here}, and a search of the "
-            "whole device does not mix devices")  # fmt: skip
+    if probes.search.card == "native":
+        return (f"its probes ran on the whole {', '.join(sorted(ran_on))}; this GPU is {here}, and a search of the "
+                "whole device does not mix devices")  # fmt: skip
+    if here in vouched:
+        return None
+    return (f"its probes ran on {', '.join(sorted(ran_on))}; this GPU is {here}, which the cross-card check "
+            f"(grids/{CROSS_CARD}.yaml) has not shown to measure the same bytes under a cap")  # fmt: skip
+
+
+def _bytes_of(result: CellResult) -> tuple[object, ...]:
+    """What a probe measured of memory: its outcome and every step's allocated and reserved peaks."""
+    return result.outcome, result.step_peak_alloc_per_step_mib, result.step_peak_reserved_per_step_mib
+
+
+def vouched_devices(results_dir: Path, grid_file: Path) -> frozenset[str]:
+    """The GPUs the cross-card check (``grid_file``, its results under ``results_dir``) vouches for:
+    every one of its searches finished on that GPU, and each of its probes there gave the outcome and
+    every step's peaks of the same probe (same cell id) from an H200 in the ``ceilings`` grid."""
+    if not grid_file.exists():
+        return frozenset()
+    results, _ = read_results(results_dir)
+    h200 = {result.cell_id: result for _, result in results
+            if result.grid == "ceilings" and result.env is not None and "H200" in (result.env.device_name or "")}  # fmt: skip
+    checked: dict[str, list[bool]] = {}
+    for _, result in results:
+        if result.grid != CROSS_CARD or result.env is None or not result.env.device_name:
+            continue
+        twin = h200.get(result.cell_id)
+        same = twin is not None and _bytes_of(result) == _bytes_of(twin)
+        checked.setdefault(result.env.device_name, []).append(same)
+    searches = load_searches(grid_file)
+    finished = all(search_state(search, results_dir)[0].done for search in searches)
+    return frozenset(device for device, same in checked.items() if finished and all(same) and "H200" not in device)
 
 
 def batch_verdict(probes: Probes, batch_size: int, seeds: Sequence[int] | None = None,

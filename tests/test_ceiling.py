@@ -291,23 +291,26 @@ def test_a_crashed_probe_stops_its_search(layout, monkeypatch):
     assert describe(s, result) == f"pylate-grad-checkpoint-vanilla-h100-80gb: stopped, {result.stopped}"
 
 
+def on(name: str, launch):
+    """``launch`` on the GPU ``name``: its results record that device."""
+    from harness.results import Environment
+
+    def run(cell, layout, gpu, gate=None):
+        done = launch(cell, layout, gpu, gate)
+        path = layout.result_path(cell)
+        result = load_result(path)
+        env = Environment(packages={}, python="3.12", platform="linux", device="cuda:0", device_name=name,
+                          card=result.spec.card, seed=result.spec.seed)  # fmt: skip
+        write_result(result.model_copy(update={"env": env}), path)
+        return done
+
+    return run
+
+
 def test_a_search_of_the_whole_device_does_not_mix_gpus(layout, monkeypatch):
     """Card ``native`` is whatever GPU runs the probe: probes that ran on an H200 and a next one on an
     H100 would read as one ceiling of neither, so the search stops, saying why, before any probe runs."""
     from harness import gpu_gate
-    from harness.results import Environment
-
-    def on(name: str, launch):
-        def run(cell, layout, gpu, gate=None):
-            done = launch(cell, layout, gpu, gate)
-            path = layout.result_path(cell)
-            result = load_result(path)
-            env = Environment(packages={}, python="3.12", platform="linux", device="cuda:0", device_name=name,
-                              card=result.spec.card, seed=result.spec.seed)  # fmt: skip
-            write_result(result.model_copy(update={"env": env}), path)
-            return done
-
-        return run
 
     s = search(card="native", start=512, limit=1024)
     monkeypatch.setattr(gpu_gate, "device_name", lambda gpu: "NVIDIA H200")
@@ -322,9 +325,44 @@ def test_a_search_of_the_whole_device_does_not_mix_gpus(layout, monkeypatch):
     assert stopped.stopped == ("its probes ran on the whole NVIDIA H200; this GPU is NVIDIA H100 80GB HBM3, "
                                "and a search of the whole device does not mix devices")  # fmt: skip
     assert not stopped.done and stopped.next_batch == 672  # unfinished, as its probes leave it: seed 44 to run
-    # a capped card caps any device alike: its search runs wherever it is
+    # a capped search with no probe yet runs wherever it is
     monkeypatch.setattr(orchestrate, "launch", on("NVIDIA H100 80GB HBM3", fake_probe(700, calls=(h100 := []))))
     assert run_search(search(card="rtx4090-24gb", start=512, limit=1024), layout).fits is not None and h100
+
+
+def test_a_capped_search_takes_another_gpu_only_where_the_cross_card_check_vouches_for_it(layout, monkeypatch, tmp_path):
+    """A capped probe on an H100 joins a search of H200 probes only once the cross-card check (its
+    searches run again on the H100, every probe's outcome and step peaks equal to its H200 twin's) is
+    finished and matched; the check's own searches run on the other GPU by design."""
+    from harness import gpu_gate
+    from harness.search import CROSS_CARD, vouched_devices
+
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    monkeypatch.setattr(gpu_gate, "device_name", lambda gpu: h200)
+    monkeypatch.setattr(orchestrate, "launch", on(h200, fake_probe(700)))
+    assert run_search(search(), layout).done  # the ceilings grid's search, on the H200
+    check_grid = tmp_path / "cross-card-check.yaml"
+    check_grid.write_text(yaml.safe_dump({"name": CROSS_CARD, "searches": [search().model_dump(mode="json", exclude={"grid"})]}))
+    monkeypatch.setattr(orchestrate, "CROSS_CARD_GRID", check_grid)
+    (check,) = load_searches(check_grid)
+    more = search(seeds=[42, 43, 44])  # the search gains a seed while an H100 is what the host lends
+    monkeypatch.setattr(gpu_gate, "device_name", lambda gpu: h100)
+    monkeypatch.setattr(orchestrate, "launch", lambda *a, **k: pytest.fail("a probe ran on an unvouched GPU"))
+    stopped = run_search(more, layout)
+    assert stopped.stopped == (f"its probes ran on {h200}; this GPU is {h100}, which the cross-card check "
+                               f"(grids/{CROSS_CARD}.yaml) has not shown to measure the same bytes under a cap")  # fmt: skip
+    # the check runs there, and its probes match their twins to the byte: the H100 is vouched for
+    monkeypatch.setattr(orchestrate, "launch", on(h100, fake_probe(700)))
+    assert run_search(check, layout).done
+    assert vouched_devices(layout.results_dir, check_grid) == {h100}
+    seeds = run_search(more, layout)
+    assert seeds.done and not seeds.stopped and (seeds.fits, seeds.fails) == (672, 704)
+    # one probe of the check that measured other bytes withdraws it
+    path = next((layout.results_dir / CROSS_CARD).rglob("*.json"))
+    moved = load_result(path)
+    write_result(moved.model_copy(update={"step_peak_reserved_per_step_mib": [1.0, 2.0]}), path)
+    assert vouched_devices(layout.results_dir, check_grid) == frozenset()
+    assert vouched_devices(layout.results_dir, tmp_path / "no-grid.yaml") == frozenset()
 
 
 def test_a_crashed_probe_runs_again_once_with_rerun_crashed(layout, monkeypatch):

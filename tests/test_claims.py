@@ -304,10 +304,12 @@ def test_the_search_tolerance_describes_the_searches_the_ceiling_claims_read(com
 def test_every_gpu_result_ran_on_the_gpu_the_card_labels_name():
     """The book labels every card 'measured on an H200' (capped, or whole): true only while every committed
     GPU result ran on one. A result from another GPU (a lease that lent an H100) fails here until the
-    labels say where each number came from, as the long-run page does for its runs."""
+    labels say where each number came from, as the long-run page does for its runs and the cross-card
+    check's table for its probes. A capped probe from a GPU the cross-card check vouches for (which the
+    ceiling search then admits) fails here too, until the card labels name both GPUs."""
     from collections import Counter
 
-    from harness.report import data, longrun, text
+    from harness.report import data, longrun, tables, text
     from harness.results import read_results
 
     results, _ = read_results(ROOT / "results")
@@ -318,8 +320,13 @@ def test_every_gpu_result_ran_on_the_gpu_the_card_labels_name():
         assert run.device and run.device.removeprefix("NVIDIA ") in run.where
         assert run.where in longrun.table([run], [])[longrun.OUTCOME].iloc[0]
     named = {(run.result.grid, run.result.cell_id) for run in elsewhere if run.result is not None}
+    # the cross-card check runs on another GPU by design, and its table names that GPU in every row
+    checks = data.cross_card_checks(data.read())
+    if checks:
+        assert all(check.device.removeprefix("NVIDIA ") in row for check, row in
+                   zip(checks, tables.card_check(checks)["other GPU"], strict=True))  # fmt: skip
     ran_on = Counter(result.env.device_name for result in on_gpu  # type: ignore[union-attr]
-                     if (result.grid, result.cell_id) not in named)  # fmt: skip
+                     if (result.grid, result.cell_id) not in named and result.grid != data.CROSS_CARD)  # fmt: skip
     assert sum(ran_on.values()) > 500, ran_on
     assert set(ran_on) == {"NVIDIA H200"}, ran_on
     assert "on an H200" in text.card_label("h100-80gb") and "the whole H200" in text.card_label("native")

@@ -211,6 +211,44 @@ def test_the_shared_gpu_check_sets_each_probe_beside_its_run_alone(tmp_path):
         "as on a GPU they had alone. Their steady step times were 2.0× to 3.0× those they had alone, depending on "
         "what ran beside them.")  # fmt: skip
     assert prose.sharing_reading(data.shared_checks(tmp_path / "nothing")) == "No shared-GPU check has been committed yet."
+
+
+def test_the_cross_card_check_sets_each_probe_beside_its_h200_twin(tmp_path):
+    from harness.results import Environment
+
+    def on(result, name):
+        env = Environment(packages={}, python="3.12", platform="linux", device="cuda:0", device_name=name,
+                          card=result.spec.card, seed=result.spec.seed)  # fmt: skip
+        return result.model_copy(update={"env": env})
+
+    per_step = dict(step_peak_alloc_per_step_mib=[90.0, 100.0], step_peak_reserved_per_step_mib=[120.0, 130.0])
+    for batch, reserved in ((8, 130.0), (16, 136.0)):
+        write_result(on(make_result(grid="ceilings", batch_size=batch, **per_step), "NVIDIA H200"),
+                     tmp_path / "ceilings" / f"b{batch}.json")  # fmt: skip
+        other = make_result(grid=data.CROSS_CARD, batch_size=batch, step_peak_reserved_mib=reserved,
+                            **{**per_step, "step_peak_reserved_per_step_mib": [120.0, reserved]})  # fmt: skip
+        write_result(on(other, "NVIDIA H100 80GB HBM3"), tmp_path / "check" / f"b{batch}.json")
+    write_result(on(make_result(grid=data.CROSS_CARD, batch_size=32), "NVIDIA H100 80GB HBM3"),
+                 tmp_path / "check" / "b32.json")  # no twin: left out
+    checks = data.cross_card_checks(tmp_path)
+    table = tables.card_check(checks).set_index("probe")
+    same, moved = "colpali-plain-b8-vanilla-native", "colpali-plain-b16-vanilla-native"
+    assert sorted(table.index) == sorted([same, moved])
+    assert table.loc[same, "identical"] == "yes" and table.loc[moved, "identical"] == "no"
+    assert table.loc[moved, "largest gap at a step, MiB (alloc · reserved)"] == "0 · 6"
+    assert table.loc[same, "other GPU"] == "H100 80GB HBM3"
+    devices = data.probe_devices(tmp_path)
+    assert devices == {"NVIDIA H200": 2}
+    assert prose.cross_card_reading(checks, devices) == (
+        "The committed ceiling probes ran 2 on an H200. 2 probes of 1 search (colpali · recipe (grad-checkpointed), "
+        "vanilla, the whole H200, default allocator) run again on an H100 80GB HBM3 under the same caps gave the same "
+        "outcome and peaks for only 1 of them (at most 0 MiB allocated and 6 MiB reserved apart at a step): a probe's "
+        "bytes depend on the GPU, so the ceiling searches take probes from an H200 only.")  # fmt: skip
+    assert prose.cross_card_reading([check for check in checks if check.identical], devices).endswith(
+        "gave the same outcome and the same peaks to the byte, step by step, as on the H200.")
+    assert prose.cross_card_reading([], devices).startswith("The committed ceiling probes ran 2 on an H200. No probe has")
+    cells, _ = data.load(tmp_path)  # the check's results are not cells of any stack page
+    assert cells.empty
     cells, _ = data.load(tmp_path)  # the check's results are not cells of any stack page
     assert cells.empty
 

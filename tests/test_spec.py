@@ -40,7 +40,7 @@ def cell_grids():
 
 def test_the_committed_grids_are_the_report_s():
     assert set(grid_names()) == {"published", "ours", "op", "ceilings", "shared-gpu-check", "repeat", "gradcache", "parity",
-                                 "long-run", "pinned-check", "multi-gpu", "multi-gpu-ceilings"}  # fmt: skip
+                                 "long-run", "pinned-check", "multi-gpu", "multi-gpu-ceilings", "cross-card-check"}  # fmt: skip
     assert set(cell_grids()) == {"published", "ours", "op", "repeat", "gradcache", "parity", "long-run", "pinned-check",
                                  "multi-gpu"}  # fmt: skip
     # the multi-GPU grid: every world size of each setting, gathering on
@@ -53,6 +53,11 @@ def test_the_committed_grids_are_the_report_s():
     (check,) = load_searches(grid_names()["shared-gpu-check"])
     twin = next(search for search in load_searches(grid_names()["ceilings"]) if search.search_id == check.search_id)
     assert check.model_dump(exclude={"grid"}) == twin.model_dump(exclude={"grid"})
+    # so is each search of the cross-card check: the same probes, run on another GPU
+    ceilings = {search.search_id: search for search in load_searches(grid_names()["ceilings"])}
+    again = load_searches(grid_names()["cross-card-check"])
+    assert len(again) == 4 and {search.stack for search in again} == {"colpali", "pylate"}
+    assert all(search.model_dump(exclude={"grid"}) == ceilings[search.search_id].model_dump(exclude={"grid"}) for search in again)
 
 
 @pytest.mark.parametrize("name", ["published", "ours", "op"])

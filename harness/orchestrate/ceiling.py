@@ -14,22 +14,27 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from harness import gpu_gate
-from harness.grid import GridCell
+from harness.grid import ROOT, GridCell
 from harness.orchestrate.launcher import Gate, Layout, launch, set_aside, state
 from harness.orchestrate.pool import cell_environment, gpu_set, run_on_gpus
-from harness.search import Ceiling, CeilingSearch, Probes, describe, device_mismatch, search_state
+from harness.search import Ceiling, CeilingSearch, Probes, describe, device_mismatch, search_state, vouched_devices
+
+CROSS_CARD_GRID = ROOT / "grids" / "cross-card-check.yaml"
 
 
 def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gate | None,
                echo: Callable[[str], None] = print, rerun_crashed: bool = False) -> Ceiling:  # fmt: skip
     """Run the probes a search still needs, one at a time, and return where it ends."""
     rerun = set()  # crashed probes run again once each, not again and again
-    if search.card == "native":  # uncapped: the device is the card, so every probe must run on one kind of GPU
-        here = gpu_gate.device_name(cell_environment(gpu, os.environ)["CUDA_VISIBLE_DEVICES"])
-        probes = Probes.read(search, layout.results_dir)
-        reason = device_mismatch(probes, here)
-        if reason is not None:
-            return dataclasses.replace(search_state(search, probes)[0], stopped=reason)
+    # one kind of GPU per search: uncapped, the device is the card; capped, another GPU joins a search only
+    # where the cross-card check has shown it measures the same bytes under a cap
+    here = gpu_gate.device_name(cell_environment(gpu, os.environ)["CUDA_VISIBLE_DEVICES"])
+    probes = Probes.read(search, layout.results_dir)
+    reason = device_mismatch(probes, here)
+    if reason is not None and search.card != "native":
+        reason = device_mismatch(probes, here, vouched_devices(layout.results_dir, CROSS_CARD_GRID))
+    if reason is not None:
+        return dataclasses.replace(search_state(search, probes)[0], stopped=reason)
     while True:
         ceiling, spec = search_state(search, layout.results_dir, rerun_crashed)
         if spec is None:

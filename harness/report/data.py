@@ -36,6 +36,7 @@ from harness.spec import CARDS, TrainSpec, differences
 PUBLISHED_GRID = "published"  # grids/published.yaml
 REPEAT = "repeat"  # grids/repeat.yaml: published-grid cells run again, for the repeatability of step times
 SHARED_CHECK = "shared-gpu-check"  # grids/shared-gpu-check.yaml: a ceiling search run again on a shared GPU
+CROSS_CARD = "cross-card-check"  # grids/cross-card-check.yaml: ceiling searches run again on another GPU
 CEILINGS = "ceilings"  # the grid of the ceiling searches' probes
 PARITY = "parity"  # grids/parity.yaml: traced 50-step cells, read by the parity page (harness.report.agreement)
 LONG_RUN = "long-run"  # grids/long-run.yaml: 100-200 steps at the 80 GB ceilings, read by the ceilings page
@@ -44,7 +45,7 @@ MULTI_GPU_CEILINGS = "multi-gpu-ceilings"  # grids/multi-gpu-ceilings.yaml: per-
 MULTI_GPU_CEILINGS_GRID = ROOT / "grids" / "multi-gpu-ceilings.yaml"
 PINNED_CHECK = "pinned-check"  # grids/pinned-check.yaml: repeat cells timed pinned side by side on two GPUs
 # grids with their own pages or tables
-APART = (CEILINGS, SHARED_CHECK, REPEAT, PARITY, LONG_RUN, PINNED_CHECK, MULTI_GPU, MULTI_GPU_CEILINGS)
+APART = (CEILINGS, SHARED_CHECK, CROSS_CARD, REPEAT, PARITY, LONG_RUN, PINNED_CHECK, MULTI_GPU, MULTI_GPU_CEILINGS)
 CEILINGS_GRID = ROOT / "grids" / "ceilings.yaml"
 PUBLISHED = ROOT / "book" / "data" / "published.csv"
 # tools/investigate_lik_spike.py's record of its run on an H200: why an op cell's first lik backward
@@ -565,6 +566,58 @@ def shared_checks(source: Source = None) -> list[SharedCheck]:
     alone = results.by_id(CEILINGS)
     shared = [result for _, result in results.of(SHARED_CHECK)]
     return [SharedCheck(result, alone[result.cell_id]) for result in shared if result.cell_id in alone]
+
+
+@dataclasses.dataclass(frozen=True)
+class CardCheck:
+    """A ceiling probe run again, under the same cap, on a GPU other than an H200 (grid
+    ``cross-card-check``) beside the same probe (same cell id) committed from an H200 (grid ``ceilings``)."""
+
+    other: CellResult
+    h200: CellResult
+
+    @property
+    def probe(self) -> str:
+        return self.other.cell_id
+
+    @property
+    def device(self) -> str:
+        """The other GPU, as its result names it: 'NVIDIA H100 80GB HBM3'."""
+        return self.other.env.device_name if self.other.env is not None and self.other.env.device_name else "unrecorded"
+
+    @property
+    def identical(self) -> bool:
+        """The same outcome, and every step's allocated and reserved peaks equal to the byte."""
+        other, h200 = self.other, self.h200
+        return (other.outcome, other.step_peak_alloc_per_step_mib, other.step_peak_reserved_per_step_mib) == (
+            h200.outcome, h200.step_peak_alloc_per_step_mib, h200.step_peak_reserved_per_step_mib)  # fmt: skip
+
+    def largest_gap_mib(self) -> tuple[float, float] | None:
+        """The largest difference between the two runs' peaks at any step both measured (allocated,
+        reserved, MiB); None where they share no step."""
+        pairs = [(list(a), list(b)) for a, b in (
+            (self.other.step_peak_alloc_per_step_mib, self.h200.step_peak_alloc_per_step_mib),
+            (self.other.step_peak_reserved_per_step_mib, self.h200.step_peak_reserved_per_step_mib))]  # fmt: skip
+        if not all(min(len(a), len(b)) for a, b in pairs):
+            return None
+        alloc, reserved = (max(abs(x - y) for x, y in zip(a, b, strict=False)) for a, b in pairs)
+        return alloc, reserved
+
+
+def cross_card_checks(source: Source = None) -> list[CardCheck]:
+    """Every probe of the cross-card check that has its twin among the ceiling probes, run on an H200,
+    in path order."""
+    results = results_of(source)
+    h200 = {cell: result for cell, result in results.by_id(CEILINGS).items()
+            if result.env is not None and "H200" in (result.env.device_name or "")}  # fmt: skip
+    other = [result for _, result in results.of(CROSS_CARD)]
+    return [CardCheck(result, h200[result.cell_id]) for result in other if result.cell_id in h200]
+
+
+def probe_devices(source: Source = None) -> dict[str, int]:
+    """The GPUs the committed ceiling probes ran on: name → probes (those with a recorded GPU)."""
+    names = [result.env.device_name for _, result in results_of(source).of(CEILINGS) if result.env and result.env.device_name]
+    return {name: names.count(name) for name in sorted(set(names))}
 
 
 def query_lengths(source: Source = None, stack: str = "colpali") -> pd.DataFrame:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
 from harness.report import style, timing
 from harness.report.data import (
     GIB_PER_MIB,
+    CardCheck,
     SearchRow,
     SeedEffect,
     SharedCheck,
@@ -243,15 +244,49 @@ def sharing_reading(checks: Sequence[SharedCheck]) -> str:
     return text
 
 
+def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, int]) -> str:
+    """The cross-card check (:func:`harness.report.data.cross_card_checks`) in words, with what GPUs the
+    ceiling probes ran on (``probe_devices``: GPU name → committed probes)."""
+    ran_on = "; ".join(f"{count} on an {name.removeprefix('NVIDIA ')}" for name, count in sorted(probe_devices.items()))
+    where = f"The committed ceiling probes ran {ran_on}." if probe_devices else ""
+    if not checks:
+        return (f"{where} No probe has run again on another GPU yet (`grids/cross-card-check.yaml`), so whether a "
+                "probe's bytes under a cap depend on the GPU below it is not measured: the ceiling searches take "
+                "probes from an H200 only.").strip()  # fmt: skip
+    devices = joined(sorted({check.device.removeprefix("NVIDIA ") for check in checks}))
+    keys = sorted({_card_search_key(check) for check in checks})
+    settings = "; ".join(_setting_words(key) for key in keys)
+    same = sum(check.identical for check in checks)
+    text = (f"{where} {counted(len(checks), 'probe')} of {counted(len(keys), 'search', 'searches')} ({settings}) run again on an "
+            f"{devices} under the same caps")  # fmt: skip
+    if same == len(checks):
+        return (f"{text} gave the same outcome and the same peaks to the byte, step by step, as on the H200.").strip()
+    gaps = [gap for gap in (check.largest_gap_mib() for check in checks if not check.identical) if gap is not None]
+    widest = (f" (at most {max(gap[0] for gap in gaps):.0f} MiB allocated and {max(gap[1] for gap in gaps):.0f} MiB "
+              "reserved apart at a step)" if gaps else "")  # fmt: skip
+    return (f"{text} gave the same outcome and peaks for only {same} of them{widest}: a probe's bytes depend on the "
+            "GPU, so the ceiling searches take probes from an H200 only.").strip()  # fmt: skip
+
+
+def _card_search_key(check: CardCheck) -> tuple[str, str, str, str, str]:
+    spec = check.other.spec
+    return (spec.stack, spec.regime, backend_label(spec.variant, spec.score_mini_batch_size), spec.card, spec.allocator)
+
+
 def _search_key(check: SharedCheck) -> tuple[str, str, str, str, str]:
     spec = check.shared.spec
     return (spec.stack, spec.regime, backend_label(spec.variant, spec.score_mini_batch_size), spec.card, spec.allocator)
 
 
 def _search_words(check: SharedCheck) -> str:
-    stack, regime, backend, card, allocator = _search_key(check)
+    return f"one search ({_setting_words(_search_key(check))})"
+
+
+def _setting_words(key: tuple[str, str, str, str, str]) -> str:
+    """A search's setting: 'colpali · recipe (grad-checkpointed), vanilla, the 24 GB card, default allocator'."""
+    stack, regime, backend, card, allocator = key
     where = "the whole H200" if CARDS.get(card) and CARDS[card].usable_gib is None else f"the {card_short(card)} card"
-    return f"one search ({regime_label(stack, regime)}, {backend}, {where}, {allocator} allocator)"
+    return f"{regime_label(stack, regime)}, {backend}, {where}, {allocator} allocator"
 
 
 def sharing_coverage(checks: Sequence[SharedCheck], probes: pd.DataFrame) -> str:

@@ -9,7 +9,15 @@ from typing import Any, cast
 import pandas as pd
 
 from harness.report import style, timing
-from harness.report.data import GIB_PER_MIB, PUBLISHED_OP, SearchRow, SharedCheck, backend_label, published_op
+from harness.report.data import (
+    GIB_PER_MIB,
+    PUBLISHED_OP,
+    CardCheck,
+    SearchRow,
+    SharedCheck,
+    backend_label,
+    published_op,
+)
 from harness.report.text import (
     as_published,
     card_label,
@@ -449,6 +457,25 @@ def sharing_check(checks: Sequence[SharedCheck]) -> pd.DataFrame:
             "steps compared": len(alone.step_peak_alloc_per_step_mib),
             "identical": "yes" if check.identical else "no",
             "s / step alone · shared": _side_by_side(alone.steady_step_time_sec, shared.steady_step_time_sec, ".2f"),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def card_check(checks: Sequence[CardCheck]) -> pd.DataFrame:
+    """Ceiling probes run again under the same cap on another GPU beside the same probes from an H200:
+    outcome and peaks side by side, the largest gap at any step, and whether every step is the same
+    to the byte. No step times: the probes shared their GPUs."""
+    rows = []
+    for check in checks:
+        h200, other = check.h200, check.other
+        gap = check.largest_gap_mib()
+        rows.append({
+            "probe": check.probe, "other GPU": check.device.removeprefix("NVIDIA "),
+            "outcome H200 · other": f"{h200.outcome} · {other.outcome}",
+            "peak alloc MiB H200 · other": _side_by_side(h200.step_peak_alloc_mib, other.step_peak_alloc_mib, ".2f"),
+            "peak reserved MiB H200 · other": _side_by_side(h200.step_peak_reserved_mib, other.step_peak_reserved_mib, ".0f"),
+            "largest gap at a step, MiB (alloc · reserved)": "" if gap is None else f"{gap[0]:.0f} · {gap[1]:.0f}",
+            "identical": "yes" if check.identical else "no",
         })  # fmt: skip
     return pd.DataFrame(rows)
 
