@@ -64,3 +64,24 @@ def test_a_pack_killed_at_its_calls_limit_still_leaves_what_finished(tmp_path):
     with tarfile.open(out / "results.tar.gz") as packed:
         assert "device-results/long-run/colpali/plain/cell.progress" in packed.getnames()
     assert (out / "queue.log").exists()
+
+
+def test_a_fresh_machine_is_seeded_with_the_committed_results_its_jobs_resume_from(tmp_path):
+    """`start` (through `seed`) copies the committed results of the grids whose jobs resume from them
+    into device-results/, once: what a warm machine measured since is never overwritten."""
+    for grid in ("ceilings", "cross-card-check", "long-run", "published"):
+        committed = tmp_path / "results" / grid / "pylate" / "plain" / "cell.json"
+        committed.parent.mkdir(parents=True)
+        committed.write_text(f'{{"grid": "{grid}"}}\n')
+    (tmp_path / "device-results").mkdir()
+    run = subprocess.run(["bash", str(SCRIPT), "seed"], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    device = tmp_path / "device-results"
+    seeded = sorted(path.relative_to(device).parts[0] for path in device.rglob("*.json"))
+    assert seeded == ["ceilings", "cross-card-check", "long-run"]  # not the published grid: no job resumes from it
+    measured = tmp_path / "device-results" / "ceilings" / "pylate" / "plain" / "new.json"
+    measured.write_text("{}\n")
+    (tmp_path / "results" / "ceilings" / "pylate" / "plain" / "new.json").write_text('{"stale": true}\n')
+    subprocess.run(["bash", str(SCRIPT), "seed"], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, check=True, timeout=60)
+    assert measured.read_text() == "{}\n"

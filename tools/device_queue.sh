@@ -2,7 +2,8 @@
 # Work a queue of GPU jobs on a leased, offline GPU host in the background, across several device
 # calls, and pack what finished after each call.
 #
-#   tools/device_queue.sh start QUEUE     # environments, then each job of QUEUE, detached (setsid)
+#   tools/device_queue.sh start QUEUE     # seed device-results/ from results/, then environments, then
+#                                         # each job of QUEUE, detached (setsid)
 #   OUT=/tmp/x tools/device_queue.sh pack [SECONDS]
 #                                         # wait up to SECONDS for the queue, then pack into $OUT
 #
@@ -28,6 +29,16 @@ set -f  # a job's options (--match 'colpali-*') reach the harness as written, ne
 LOG=device-log
 mkdir -p "$LOG" device-results device-cells
 stage() { echo "== $(date +%T) $*"; }
+
+# The grids whose jobs resume from committed results (searches, the cross-card check's twins, long runs):
+# `start` copies each into device-results/ where it is not there yet, so a fresh machine never runs a
+# probe already measured, and the ceiling search can read the cross-card check's verdict.
+RESUMED_GRIDS="ceilings cross-card-check shared-gpu-check long-run"
+seed_results() {
+  for grid in $RESUMED_GRIDS; do
+    if [ -d "results/$grid" ] && [ ! -e "device-results/$grid" ]; then cp -r "results/$grid" device-results/ && echo "seeded device-results/$grid"; fi
+  done
+}
 
 run_job() {  # one job: KIND TARGET REST
   local kind=$1 target=$2 rest=$3
@@ -72,10 +83,12 @@ case "${1:-}" in
       echo "a queue is already running (pid $(cat "$LOG/queue.pid")): not starting another"; exit 0
     fi
     rm -f "$LOG/queue.done"
+    seed_results
     setsid nohup bash "$0" _run "$2" > "$LOG/queue.log" 2>&1 < /dev/null &
     echo $! > "$LOG/queue.pid"
     echo "queue started (pid $!)" ;;
   _run) run_queue "$2" ;;
+  seed) seed_results ;;
   pack)
     OUT=${OUT:?set OUT}
     WAIT=${2:-0}
