@@ -240,13 +240,13 @@ def test_the_cross_card_check_sets_each_probe_beside_its_h200_twin(tmp_path):
     devices = data.probe_devices(tmp_path)
     assert devices == {"NVIDIA H200": 2}
     assert prose.cross_card_reading(checks, devices) == (
-        "The committed ceiling probes ran 2 on an H200. 2 probes of 1 search (colpali · recipe (grad-checkpointed), "
+        "Of the 2 committed ceiling probes, 2 ran on an H200. 2 probes of 1 search (colpali · recipe (grad-checkpointed), "
         "vanilla, the whole H200, default allocator) run again on an H100 80GB HBM3 under the same caps gave the same "
         "outcome and peaks for only 1 of them (at most 0 MiB allocated and 6 MiB reserved apart at a step): a probe's "
         "bytes depend on the GPU, so the ceiling searches take probes from an H200 only.")  # fmt: skip
     assert prose.cross_card_reading([check for check in checks if check.identical], devices).endswith(
         "gave the same outcome and the same peaks to the byte, step by step, as on the H200.")
-    assert prose.cross_card_reading([], devices).startswith("The committed ceiling probes ran 2 on an H200. No probe has")
+    assert prose.cross_card_reading([], devices).startswith("Of the 2 committed ceiling probes, 2 ran on an H200. No probe has")
     cells, _ = data.load(tmp_path)  # the check's results are not cells of any stack page
     assert cells.empty
     cells, _ = data.load(tmp_path)  # the check's results are not cells of any stack page

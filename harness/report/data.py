@@ -614,9 +614,14 @@ def cross_card_checks(source: Source = None) -> list[CardCheck]:
     return [CardCheck(result, h200[result.cell_id]) for result in other if result.cell_id in h200]
 
 
+UNRECORDED = "unrecorded"  # a probe whose result names no GPU (a crashed kernel records no environment)
+
+
 def probe_devices(source: Source = None) -> dict[str, int]:
-    """The GPUs the committed ceiling probes ran on: name → probes (those with a recorded GPU)."""
-    names = [result.env.device_name for _, result in results_of(source).of(CEILINGS) if result.env and result.env.device_name]
+    """The GPUs the committed ceiling probes ran on: name → probes, :data:`UNRECORDED` for those whose
+    result names none."""
+    names = [result.env.device_name if result.env and result.env.device_name else UNRECORDED
+             for _, result in results_of(source).of(CEILINGS)]  # fmt: skip
     return {name: names.count(name) for name in sorted(set(names))}
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 from harness.report import style, timing
 from harness.report.data import (
     GIB_PER_MIB,
+    UNRECORDED,
     CardCheck,
     SearchRow,
     SeedEffect,
@@ -247,12 +248,15 @@ def sharing_reading(checks: Sequence[SharedCheck]) -> str:
 def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, int]) -> str:
     """The cross-card check (:func:`harness.report.data.cross_card_checks`) in words, with what GPUs the
     ceiling probes ran on (``probe_devices``: GPU name → committed probes)."""
-    ran_on = "; ".join(f"{count} on an {name.removeprefix('NVIDIA ')}" for name, count in sorted(probe_devices.items()))
-    where = f"The committed ceiling probes ran {ran_on}." if probe_devices else ""
+    known = {name: count for name, count in probe_devices.items() if name != UNRECORDED}
+    ran_on = joined([f"{count} ran on an {name.removeprefix('NVIDIA ')}" for name, count in sorted(known.items())])
+    total = sum(probe_devices.values())
+    unrecorded = probe_devices.get(UNRECORDED, 0)
+    none = f" ({counted(unrecorded, 'crashed probe')} recorded no GPU)" if unrecorded else ""
+    where = f"Of the {total} committed ceiling probes, {ran_on}{none}." if known else ""
     if not checks:
-        return (f"{where} No probe has run again on another GPU yet (`grids/cross-card-check.yaml`), so whether a "
-                "probe's bytes under a cap depend on the GPU below it is not measured: the ceiling searches take "
-                "probes from an H200 only.").strip()  # fmt: skip
+        return (f"{where} No probe has run again on another GPU yet, so whether a probe's bytes under a cap depend on "
+                "the GPU below it is not measured: the ceiling searches take probes from an H200 only.").strip()  # fmt: skip
     devices = joined(sorted({check.device.removeprefix("NVIDIA ") for check in checks}))
     keys = sorted({_card_search_key(check) for check in checks})
     settings = "; ".join(_setting_words(key) for key in keys)
