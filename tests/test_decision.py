@@ -46,6 +46,11 @@ def test_a_ceiling_a_long_run_could_not_train_at_is_marked_and_said():
     assert advice.endswith(". Over a long run, vanilla's 120 on 80 GB trained all 100 steps; lik's 160 on 80 GB ran out "
                            "of memory at step 27 of 100, so that 8-step ceiling is not a batch a run can train at.")  # fmt: skip
     assert decision.long_run_words([base, fused]) == ""  # no long run: nothing said
+    # the run below the failed ceiling held: how its batch compares with vanilla's, which held too
+    below = dataclasses.replace(out, below=data.LongRunVerdict(144, 100, 100, "ok"))
+    rows = [rows[0], dataclasses.replace(fused, long_run=below)]
+    assert decision.long_run_words(rows).endswith("so that 8-step ceiling is not a batch a run can train at, while 144 "
+                                                  "trained all 100 steps (1.20× vanilla's 120, which held too)")  # fmt: skip
 
 
 def test_a_recommendation_names_only_cards_whose_searches_have_settled():

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 
 from harness.report import style, timing
-from harness.report.data import SearchRow
+from harness.report.data import LongRunVerdict, SearchRow
 from harness.report.tables import timed
 from harness.report.text import (
     LONG_RUN_MARK,
@@ -248,13 +248,24 @@ def long_run_words(rows: Sequence[SearchRow]) -> str:
             said.append(f"{where} trained all {run.steps} steps")
         elif run.ran_out:
             lower = run.below
-            after = ("" if lower is None or not lower.held
-                     else f", while {lower.batch_size} trained all {lower.steps} steps")  # fmt: skip
+            after = ("" if lower is None or not lower.held else
+                     f", while {lower.batch_size} trained all {lower.steps} steps{_against_vanilla(lower, row, rows)}")  # fmt: skip
             said.append(f"{where} ran out of memory at step {run.steps_trained + 1} of {run.steps}, "
                         f"so that 8-step ceiling is not a batch a run can train at{after}")  # fmt: skip
         else:
             said.append(f"{where} ended {run.outcome} after {run.steps_trained} of {run.steps} steps")
     return f"Over a long run, {'; '.join(said)}" if said else ""
+
+
+def _against_vanilla(lower: LongRunVerdict, row: SearchRow, rows: Sequence[SearchRow]) -> str:
+    """How the batch a fused backend's whole run trained compares with vanilla's, where vanilla's
+    ceiling on the same card and allocator held over its own long run: ' (1.20× vanilla's 120)'."""
+    for other in rows:
+        held = other.long_run
+        if (other.backend == "vanilla" and (other.card, other.allocator) == (row.card, row.allocator)
+                and other is not row and held is not None and held.held):  # fmt: skip
+            return f" ({lower.batch_size / held.batch_size:.2f}× vanilla's {held.batch_size}, which held too)"
+    return ""
 
 
 def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regime: str,
