@@ -248,8 +248,8 @@ def long_run_words(rows: Sequence[SearchRow]) -> str:
             said.append(f"{where} trained all {run.steps} steps")
         elif run.ran_out:
             lower = run.below
-            after = ("" if lower is None or not lower.held else
-                     f", while {lower.batch_size} trained all {lower.steps} steps{_against_vanilla(lower, row, rows)}")  # fmt: skip
+            after = "" if lower is None or not lower.held else (
+                f", while {lower.batch_size} trained all {lower.steps} steps{_against_vanilla(lower, row, rows)}")  # fmt: skip
             said.append(f"{where} ran out of memory at step {run.steps_trained + 1} of {run.steps}, "
                         f"so that 8-step ceiling is not a batch a run can train at{after}")  # fmt: skip
         else:
