@@ -249,7 +249,8 @@ def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, 
     """The cross-card check (:func:`harness.report.data.cross_card_checks`) in words, with what GPUs the
     ceiling probes ran on (``probe_devices``: GPU name → committed probes)."""
     known = {name: count for name, count in probe_devices.items() if name != UNRECORDED}
-    ran_on = joined([f"{count} ran on an {name.removeprefix('NVIDIA ')}" for name, count in sorted(known.items())])
+    ran = [f"{count} ran on an {name.removeprefix('NVIDIA ')}" for name, count in sorted(known.items())]
+    ran_on = joined(ran) if ran else ""
     total = sum(probe_devices.values())
     unrecorded = probe_devices.get(UNRECORDED, 0)
     none = f" ({counted(unrecorded, 'crashed probe')} recorded no GPU)" if unrecorded else ""
