@@ -226,22 +226,30 @@ class Probes:
 CROSS_CARD = "cross-card-check"  # grids/cross-card-check.yaml: capped searches run again on another GPU
 
 
+REFERENCE_GPU = "H200"  # the GPU the pages' card labels name: "78.43 GiB on an H200", "the whole H200"
+
+
 def device_mismatch(probes: Probes, here: str | None, vouched: frozenset[str] = frozenset()) -> str | None:
-    """Why a search may not run its next probe on ``here``, where its probes ran on another GPU: a
-    search of the whole, uncapped device (card ``native``) never mixes devices, since a ceiling read
-    off two answers for neither; a capped one mixes them only where the cross-card check vouches for
-    ``here`` (``vouched``: :func:`vouched_devices`) — that under a cap it measures the bytes the other
-    measures. None where it may (``here`` unknown; no probe yet; the cross-card check's own searches)."""
+    """Why a search may not run its next probe on ``here``. A search of the whole, uncapped device (card
+    ``native``) runs on the H200 the pages name and never mixes devices, since a ceiling read off two
+    answers for neither. A capped one runs on an H200, or on a GPU the cross-card check vouches for
+    (``vouched``: :func:`vouched_devices`) — one shown to measure, under a cap, the bytes an H200
+    measures. None where it may (``here`` unknown; the cross-card check's own searches, which run on
+    another GPU by design)."""
+    if here is None or probes.search.grid == CROSS_CARD:
+        return None
     ran_on = probes.devices()
-    if here is None or not ran_on or here in ran_on or probes.search.grid == CROSS_CARD:
-        return None
     if probes.search.card == "native":
-        return (f"its probes ran on the whole {', '.join(sorted(ran_on))}; this GPU is {here}, and a search of the "
-                "whole device does not mix devices")  # fmt: skip
-    if here in vouched:
+        if ran_on and here not in ran_on:
+            return (f"its probes ran on the whole {', '.join(sorted(ran_on))}; this GPU is {here}, and a search of the "
+                    "whole device does not mix devices")  # fmt: skip
+        if not ran_on and REFERENCE_GPU not in here:
+            return f"its card is the whole {REFERENCE_GPU} the pages name; this GPU is {here}"
         return None
-    return (f"its probes ran on {', '.join(sorted(ran_on))}; this GPU is {here}, which the cross-card check "
-            f"(grids/{CROSS_CARD}.yaml) has not shown to measure the same bytes under a cap")  # fmt: skip
+    if REFERENCE_GPU in here or here in vouched:
+        return None
+    return (f"this GPU is {here}, which the cross-card check (grids/{CROSS_CARD}.yaml) has not shown to measure "
+            f"the same bytes under a cap as the {REFERENCE_GPU} the card labels name")  # fmt: skip
 
 
 def _bytes_of(result: CellResult) -> tuple[object, ...]:
@@ -257,7 +265,7 @@ def vouched_devices(results_dir: Path, grid_file: Path) -> frozenset[str]:
         return frozenset()
     results, _ = read_results(results_dir)
     h200 = {result.cell_id: result for _, result in results
-            if result.grid == "ceilings" and result.env is not None and "H200" in (result.env.device_name or "")}  # fmt: skip
+            if result.grid == "ceilings" and REFERENCE_GPU in ((result.env and result.env.device_name) or "")}  # fmt: skip
     checked: dict[str, list[bool]] = {}
     for _, result in results:
         if result.grid != CROSS_CARD or result.env is None or not result.env.device_name:
@@ -267,7 +275,7 @@ def vouched_devices(results_dir: Path, grid_file: Path) -> frozenset[str]:
         checked.setdefault(result.env.device_name, []).append(same)
     searches = load_searches(grid_file)
     finished = all(search_state(search, results_dir)[0].done for search in searches)
-    return frozenset(device for device, same in checked.items() if finished and all(same) and "H200" not in device)
+    return frozenset(device for device, same in checked.items() if finished and all(same) and REFERENCE_GPU not in device)
 
 
 def batch_verdict(probes: Probes, batch_size: int, seeds: Sequence[int] | None = None,

@@ -325,13 +325,13 @@ def test_a_search_of_the_whole_device_does_not_mix_gpus(layout, monkeypatch):
     assert stopped.stopped == ("its probes ran on the whole NVIDIA H200; this GPU is NVIDIA H100 80GB HBM3, "
                                "and a search of the whole device does not mix devices")  # fmt: skip
     assert not stopped.done and stopped.next_batch == 672  # unfinished, as its probes leave it: seed 44 to run
-    # a capped search with no probe yet runs wherever it is
-    monkeypatch.setattr(orchestrate, "launch", on("NVIDIA H100 80GB HBM3", fake_probe(700, calls=(h100 := []))))
-    assert run_search(search(card="rtx4090-24gb", start=512, limit=1024), layout).fits is not None and h100
+    # nor does a search of the whole device that has no probe yet run on any GPU but the H200 the pages name
+    fresh = run_search(search(card="native", variant="lik", start=512, limit=1024), layout)
+    assert fresh.stopped == "its card is the whole H200 the pages name; this GPU is NVIDIA H100 80GB HBM3"
 
 
 def test_a_capped_search_takes_another_gpu_only_where_the_cross_card_check_vouches_for_it(layout, monkeypatch, tmp_path):
-    """A capped probe on an H100 joins a search of H200 probes only once the cross-card check (its
+    """A capped probe on an H100 joins a search (of H200 probes, or none yet) only once the cross-card check (its
     searches run again on the H100, every probe's outcome and step peaks equal to its H200 twin's) is
     finished and matched; the check's own searches run on the other GPU by design."""
     from harness import gpu_gate
@@ -349,14 +349,16 @@ def test_a_capped_search_takes_another_gpu_only_where_the_cross_card_check_vouch
     monkeypatch.setattr(gpu_gate, "device_name", lambda gpu: h100)
     monkeypatch.setattr(orchestrate, "launch", lambda *a, **k: pytest.fail("a probe ran on an unvouched GPU"))
     stopped = run_search(more, layout)
-    assert stopped.stopped == (f"its probes ran on {h200}; this GPU is {h100}, which the cross-card check "
-                               f"(grids/{CROSS_CARD}.yaml) has not shown to measure the same bytes under a cap")  # fmt: skip
+    assert stopped.stopped == (f"this GPU is {h100}, which the cross-card check (grids/{CROSS_CARD}.yaml) has not "
+                               "shown to measure the same bytes under a cap as the H200 the card labels name")  # fmt: skip
+    assert run_search(search(card="rtx4090-24gb"), layout).stopped == stopped.stopped  # a search with no probe yet alike
     # the check runs there, and its probes match their twins to the byte: the H100 is vouched for
     monkeypatch.setattr(orchestrate, "launch", on(h100, fake_probe(700)))
     assert run_search(check, layout).done
     assert vouched_devices(layout.results_dir, check_grid) == {h100}
     seeds = run_search(more, layout)
     assert seeds.done and not seeds.stopped and (seeds.fits, seeds.fails) == (672, 704)
+    assert run_search(search(card="rtx4090-24gb"), layout).done  # and a fresh capped search
     # one probe of the check that measured other bytes withdraws it
     path = next((layout.results_dir / CROSS_CARD).rglob("*.json"))
     moved = load_result(path)

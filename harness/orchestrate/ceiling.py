@@ -26,12 +26,12 @@ def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gat
                echo: Callable[[str], None] = print, rerun_crashed: bool = False) -> Ceiling:  # fmt: skip
     """Run the probes a search still needs, one at a time, and return where it ends."""
     rerun = set()  # crashed probes run again once each, not again and again
-    # one kind of GPU per search: uncapped, the device is the card; capped, another GPU joins a search only
-    # where the cross-card check has shown it measures the same bytes under a cap
+    # the GPU the card labels name: uncapped, the device is the card (one kind per search); capped, another
+    # GPU only where the cross-card check has shown it measures an H200's bytes under a cap
     here = gpu_gate.device_name(cell_environment(gpu, os.environ)["CUDA_VISIBLE_DEVICES"])
     probes = Probes.read(search, layout.results_dir)
     reason = device_mismatch(probes, here)
-    if reason is not None and search.card != "native":
+    if reason is not None and search.card != "native":  # (reads every result: only where it could matter)
         reason = device_mismatch(probes, here, vouched_devices(layout.results_dir, CROSS_CARD_GRID))
     if reason is not None:
         return dataclasses.replace(search_state(search, probes)[0], stopped=reason)
