@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -252,9 +252,23 @@ def device_mismatch(probes: Probes, here: str | None, vouched: frozenset[str] = 
             f"the same bytes under a cap as the {REFERENCE_GPU} the card labels name")  # fmt: skip
 
 
-def _bytes_of(result: CellResult) -> tuple[object, ...]:
-    """What a probe measured of memory: its outcome and every step's allocated and reserved peaks."""
-    return result.outcome, result.step_peak_alloc_per_step_mib, result.step_peak_reserved_per_step_mib
+def same_bytes(one: CellResult, other: CellResult) -> bool:
+    """Whether two runs of a probe measured the same of memory: outcome, and every step's allocated and
+    reserved peaks to the byte."""
+    def measured(result: CellResult) -> tuple[object, ...]:
+        return result.outcome, result.step_peak_alloc_per_step_mib, result.step_peak_reserved_per_step_mib
+
+    return measured(one) == measured(other)
+
+
+def cross_card_pairs(results: Iterable[CellResult]) -> list[tuple[CellResult, CellResult | None]]:
+    """Each probe of the cross-card check whose result names its GPU, beside the same probe (same cell
+    id) from an H200 in the ``ceilings`` grid (None where that grid has none), in ``results``' order."""
+    results = list(results)
+    h200 = {result.cell_id: result for result in results
+            if result.grid == "ceilings" and REFERENCE_GPU in ((result.env and result.env.device_name) or "")}  # fmt: skip
+    return [(result, h200.get(result.cell_id)) for result in results
+            if result.grid == CROSS_CARD and result.env is not None and result.env.device_name]  # fmt: skip
 
 
 def vouched_devices(results_dir: Path, grid_file: Path) -> frozenset[str]:
@@ -264,15 +278,10 @@ def vouched_devices(results_dir: Path, grid_file: Path) -> frozenset[str]:
     if not grid_file.exists():
         return frozenset()
     results, _ = read_results(results_dir)
-    h200 = {result.cell_id: result for _, result in results
-            if result.grid == "ceilings" and REFERENCE_GPU in ((result.env and result.env.device_name) or "")}  # fmt: skip
     checked: dict[str, list[bool]] = {}
-    for _, result in results:
-        if result.grid != CROSS_CARD or result.env is None or not result.env.device_name:
-            continue
-        twin = h200.get(result.cell_id)
-        same = twin is not None and _bytes_of(result) == _bytes_of(twin)
-        checked.setdefault(result.env.device_name, []).append(same)
+    for result, twin in cross_card_pairs(result for _, result in results):
+        assert result.env is not None and result.env.device_name  # (cross_card_pairs keeps only those)
+        checked.setdefault(result.env.device_name, []).append(twin is not None and same_bytes(result, twin))
     searches = load_searches(grid_file)
     finished = all(search_state(search, results_dir)[0].done for search in searches)
     return frozenset(device for device, same in checked.items() if finished and all(same) and REFERENCE_GPU not in device)

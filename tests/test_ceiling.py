@@ -21,6 +21,7 @@ from harness.results import CellResult, load_result, write_result
 from harness.search import Ceiling, CeilingSearch, ProbeMismatch, Probes, describe, load_searches, plan_search, search_state
 from harness.search import walk as walk_search
 from harness.spec import with_fields
+from test_results import on_gpu
 
 pytestmark = [pytest.mark.pylate, pytest.mark.usefixtures("own_gates")]
 ROOT = Path(__file__).resolve().parent.parent
@@ -293,15 +294,10 @@ def test_a_crashed_probe_stops_its_search(layout, monkeypatch):
 
 def on(name: str, launch):
     """``launch`` on the GPU ``name``: its results record that device."""
-    from harness.results import Environment
-
     def run(cell, layout, gpu, gate=None):
         done = launch(cell, layout, gpu, gate)
         path = layout.result_path(cell)
-        result = load_result(path)
-        env = Environment(packages={}, python="3.12", platform="linux", device="cuda:0", device_name=name,
-                          card=result.spec.card, seed=result.spec.seed)  # fmt: skip
-        write_result(result.model_copy(update={"env": env}), path)
+        write_result(on_gpu(load_result(path), name), path)
         return done
 
     return run

@@ -14,7 +14,7 @@ from harness.report import data, decision, longrun, prose
 from harness.report import text as text_module
 from harness.results import Progress, write_progress, write_result
 from harness.search import CeilingSearch
-from test_results import make_result
+from test_results import make_result, on_gpu
 
 GRID = """name: long-run
 defaults: {card: h100-80gb, preset: full, device: cuda, seed: 42}
@@ -229,8 +229,7 @@ def test_a_run_below_a_ceiling_whose_run_ran_out_is_read_beside_it_in_a_panel_of
     assert text.startswith("ColQwen2 vanilla at B = 120 on 80 GB trained every step at its batch (1 of the 2 long runs "
                            "that ended, besides the one below a batch that ran out of memory). ")  # fmt: skip
     # trained on an H100 at its card's cap: said in its sentence and its row
-    h100 = dataclasses.replace(below, result=below.result.model_copy(update={
-        "env": below.result.env.model_copy(update={"device_name": "NVIDIA H100 80GB HBM3"})}))
+    h100 = dataclasses.replace(below, result=on_gpu(below.result, "NVIDIA H100 80GB HBM3"))
     on_h100 = longrun.reading([runs[0], failed, planned_pylate, h100])
     assert ". At B = 144, 90% of that batch, a run trained all 20 steps on an H100 80GB HBM3 (its card's cap alike)." in on_h100
     outcome = longrun.table([h100], searches=[])[longrun.OUTCOME][0]

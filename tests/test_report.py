@@ -16,7 +16,7 @@ import pytest
 from harness.report import data, plots, prose, style, tables, text
 from harness.results import Timing, write_result
 from test_book import ROOT, committed_book
-from test_results import make_call, make_result
+from test_results import make_call, make_result, on_gpu
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 OOM = "CUDA out of memory. Tried to allocate 56.25 GiB. GPU 0 has ..."
@@ -214,21 +214,14 @@ def test_the_shared_gpu_check_sets_each_probe_beside_its_run_alone(tmp_path):
 
 
 def test_the_cross_card_check_sets_each_probe_beside_its_h200_twin(tmp_path):
-    from harness.results import Environment
-
-    def on(result, name):
-        env = Environment(packages={}, python="3.12", platform="linux", device="cuda:0", device_name=name,
-                          card=result.spec.card, seed=result.spec.seed)  # fmt: skip
-        return result.model_copy(update={"env": env})
-
     per_step = dict(step_peak_alloc_per_step_mib=[90.0, 100.0], step_peak_reserved_per_step_mib=[120.0, 130.0])
     for batch, reserved in ((8, 130.0), (16, 136.0)):
-        write_result(on(make_result(grid="ceilings", batch_size=batch, **per_step), "NVIDIA H200"),
+        write_result(on_gpu(make_result(grid="ceilings", batch_size=batch, **per_step), "NVIDIA H200"),
                      tmp_path / "ceilings" / f"b{batch}.json")  # fmt: skip
         other = make_result(grid=data.CROSS_CARD, batch_size=batch, step_peak_reserved_mib=reserved,
                             **{**per_step, "step_peak_reserved_per_step_mib": [120.0, reserved]})  # fmt: skip
-        write_result(on(other, "NVIDIA H100 80GB HBM3"), tmp_path / "check" / f"b{batch}.json")
-    write_result(on(make_result(grid=data.CROSS_CARD, batch_size=32), "NVIDIA H100 80GB HBM3"),
+        write_result(on_gpu(other, "NVIDIA H100 80GB HBM3"), tmp_path / "check" / f"b{batch}.json")
+    write_result(on_gpu(make_result(grid=data.CROSS_CARD, batch_size=32), "NVIDIA H100 80GB HBM3"),
                  tmp_path / "check" / "b32.json")  # no twin: left out
     checks = data.cross_card_checks(tmp_path)
     table = tables.card_check(checks).set_index("probe")

@@ -55,6 +55,14 @@ def make_result(grid="ours", **overrides):
     return CellResult(grid=grid, cell_id=spec.cell_id, spec=spec, **fields)
 
 
+def on_gpu(result, name):
+    """``result`` as measured on the GPU ``name`` (its environment names that device; one is made where
+    the result has none). Shared with test_report, test_ceiling and test_longrun."""
+    env = result.env or Environment(packages={}, python="3.12", platform="linux", device="cuda:0",
+                                    card=result.spec.card, seed=result.spec.seed)  # fmt: skip
+    return result.model_copy(update={"env": env.model_copy(update={"device_name": name})})
+
+
 def test_round_trip_keeps_every_field(tmp_path):
     original = make_result()
     path = write_result(original, tmp_path / "cell.json")

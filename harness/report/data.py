@@ -30,13 +30,22 @@ from harness import host_memory
 from harness.grid import ROOT, GridError, grid_names, load_grid
 from harness.report import timing
 from harness.results import CellResult, Skipped, default_results_dir, frame_of, read_results
-from harness.search import SEARCH_FIELDS, Ceiling, CeilingSearch, Probes, load_searches, search_state
+from harness.search import (
+    CROSS_CARD,
+    SEARCH_FIELDS,
+    Ceiling,
+    CeilingSearch,
+    Probes,
+    cross_card_pairs,
+    load_searches,
+    same_bytes,
+    search_state,
+)
 from harness.spec import CARDS, TrainSpec, differences
 
 PUBLISHED_GRID = "published"  # grids/published.yaml
 REPEAT = "repeat"  # grids/repeat.yaml: published-grid cells run again, for the repeatability of step times
 SHARED_CHECK = "shared-gpu-check"  # grids/shared-gpu-check.yaml: a ceiling search run again on a shared GPU
-CROSS_CARD = "cross-card-check"  # grids/cross-card-check.yaml: ceiling searches run again on another GPU
 CEILINGS = "ceilings"  # the grid of the ceiling searches' probes
 PARITY = "parity"  # grids/parity.yaml: traced 50-step cells, read by the parity page (harness.report.agreement)
 LONG_RUN = "long-run"  # grids/long-run.yaml: 100-200 steps at the 80 GB ceilings, read by the ceilings page
@@ -588,9 +597,7 @@ class CardCheck:
     @property
     def identical(self) -> bool:
         """The same outcome, and every step's allocated and reserved peaks equal to the byte."""
-        other, h200 = self.other, self.h200
-        return (other.outcome, other.step_peak_alloc_per_step_mib, other.step_peak_reserved_per_step_mib) == (
-            h200.outcome, h200.step_peak_alloc_per_step_mib, h200.step_peak_reserved_per_step_mib)  # fmt: skip
+        return same_bytes(self.other, self.h200)
 
     def largest_gap_mib(self) -> tuple[float, float] | None:
         """The largest difference between the two runs' peaks at any step both measured (allocated,
@@ -608,10 +615,8 @@ def cross_card_checks(source: Source = None) -> list[CardCheck]:
     """Every probe of the cross-card check that has its twin among the ceiling probes, run on an H200,
     in path order."""
     results = results_of(source)
-    h200 = {cell: result for cell, result in results.by_id(CEILINGS).items()
-            if result.env is not None and "H200" in (result.env.device_name or "")}  # fmt: skip
-    other = [result for _, result in results.of(CROSS_CARD)]
-    return [CardCheck(result, h200[result.cell_id]) for result in other if result.cell_id in h200]
+    pairs = cross_card_pairs(result for _, result in results.of(CEILINGS, CROSS_CARD))
+    return [CardCheck(result, twin) for result, twin in pairs if twin is not None]
 
 
 UNRECORDED = "unrecorded"  # a probe whose result names no GPU (a crashed kernel records no environment)

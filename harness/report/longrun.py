@@ -27,6 +27,7 @@ from harness.report.text import (
     STACK_NAMES,
     allocator_words,
     card_short,
+    gpu_words,
     joined,
     oom_held_mib,
     requested_mib,
@@ -34,6 +35,7 @@ from harness.report.text import (
     span,
 )
 from harness.results import CellResult, Progress, load_progress
+from harness.search import REFERENCE_GPU
 from harness.spec import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,9 +96,9 @@ class LongRun:
     def where(self) -> str:
         """' on an H100 80GB HBM3 (its card's cap alike)' for a run on a GPU other than the H200 the
         book's cards are measured on; '' for one on an H200 or of no recorded GPU."""
-        if self.device is None or "H200" in self.device:
+        if self.device is None or REFERENCE_GPU in self.device:
             return ""
-        return f" on an {self.device.removeprefix('NVIDIA ')} (its card's cap alike)"
+        return f" on an {gpu_words(self.device)} (its card's cap alike)"
 
     @property
     def steps_trained(self) -> int:
@@ -367,7 +369,7 @@ def plot(runs: Sequence[LongRun]) -> Figure | None:
             allocated = np.asarray(run.allocated_per_step) * GIB_PER_MIB
             steps = np.arange(1, len(reserved) + 1)
             colour = style.colour(run.backend)
-            gpu = f" ({run.device.removeprefix('NVIDIA ').split()[0]})" if run.where and run.device else ""  # "(H100)"
+            gpu = f" ({gpu_words(run.device).split()[0]})" if run.where and run.device else ""  # "(H100)"
             label = f"{run.backend} B={run.cell.spec.batch_size}{gpu}"
             axis.plot(steps, reserved, color=colour, linewidth=1.5, label=f"{label}: reserved")
             axis.plot(steps[: len(allocated)], allocated, color=colour, linestyle=":", linewidth=1.2,

@@ -38,6 +38,7 @@ from harness.report.text import (
     cell_words,
     counted,
     failed_request,
+    gpu_words,
     joined,
     missing,
     oom_held_mib,
@@ -49,6 +50,7 @@ from harness.report.text import (
     span,
 )
 from harness.results import CellResult, Skipped
+from harness.search import REFERENCE_GPU
 from harness.spec import CARDS
 
 # ---- measured cells ------------------------------------------------------------------------------
@@ -249,7 +251,7 @@ def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, 
     """The cross-card check (:func:`harness.report.data.cross_card_checks`) in words, with what GPUs the
     ceiling probes ran on (``probe_devices``: GPU name → committed probes)."""
     known = {name: count for name, count in probe_devices.items() if name != UNRECORDED}
-    ran = [f"{count} ran on an {name.removeprefix('NVIDIA ')}" for name, count in sorted(known.items())]
+    ran = [f"{count} ran on an {gpu_words(name)}" for name, count in sorted(known.items())]
     ran_on = joined(ran) if ran else ""
     total = sum(probe_devices.values())
     unrecorded = probe_devices.get(UNRECORDED, 0)
@@ -258,8 +260,8 @@ def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, 
     if not checks:
         return (f"{where} No probe has run again on another GPU yet, so whether a probe's bytes under a cap depend on "
                 "the GPU below it is not measured: the ceiling searches take probes from an H200 only.").strip()  # fmt: skip
-    devices = joined(sorted({check.device.removeprefix("NVIDIA ") for check in checks}))
-    keys = sorted({_card_search_key(check) for check in checks})
+    devices = joined(sorted({gpu_words(check.device) for check in checks}))
+    keys = sorted({_search_key(check) for check in checks})
     settings = "; ".join(_setting_words(key) for key in keys)
     same = sum(check.identical for check in checks)
     text = (f"{where} {counted(len(checks), 'probe')} of {counted(len(keys), 'search', 'searches')} ({settings}) run again on an "
@@ -273,13 +275,9 @@ def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, 
             "GPU, so the ceiling searches take probes from an H200 only.").strip()  # fmt: skip
 
 
-def _card_search_key(check: CardCheck) -> tuple[str, str, str, str, str]:
-    spec = check.other.spec
-    return (spec.stack, spec.regime, backend_label(spec.variant, spec.score_mini_batch_size), spec.card, spec.allocator)
-
-
-def _search_key(check: SharedCheck) -> tuple[str, str, str, str, str]:
-    spec = check.shared.spec
+def _search_key(check: SharedCheck | CardCheck) -> tuple[str, str, str, str, str]:
+    """The setting of the search a check's probe belongs to: stack, regime, backend, card, allocator."""
+    spec = check.shared.spec if isinstance(check, SharedCheck) else check.other.spec
     return (spec.stack, spec.regime, backend_label(spec.variant, spec.score_mini_batch_size), spec.card, spec.allocator)
 
 
@@ -1232,8 +1230,8 @@ def long_run_note(searches: Sequence[SearchRow]) -> str:
                 text += f"; at {share}, one ran out of memory as well, at step {lower.steps_trained + 1} of {lower.steps}"
             else:
                 text += f"; at {share}, one ended {lower.outcome} after {lower.steps_trained} of {lower.steps} steps"
-            if lower.device_name and "H200" not in lower.device_name:
-                text += f", on an {lower.device_name.removeprefix('NVIDIA ')} at the same cap"
+            if lower.device_name and REFERENCE_GPU not in lower.device_name:
+                text += f", on an {gpu_words(lower.device_name)} at the same cap"
         said.append(text + ".")
     if not said:
         return ""

@@ -26,6 +26,7 @@ from harness.report.text import (
     ceiling_text,
     cell_words,
     failed_request,
+    gpu_words,
     mib,
     missing,
     nowrap,
@@ -470,7 +471,7 @@ def card_check(checks: Sequence[CardCheck]) -> pd.DataFrame:
         h200, other = check.h200, check.other
         gap = check.largest_gap_mib()
         rows.append({
-            "probe": check.probe, "other GPU": check.device.removeprefix("NVIDIA "),
+            "probe": check.probe, "other GPU": gpu_words(check.device),
             "outcome H200 · other": f"{h200.outcome} · {other.outcome}",
             "peak alloc MiB H200 · other": _side_by_side(h200.step_peak_alloc_mib, other.step_peak_alloc_mib, ".2f"),
             "peak reserved MiB H200 · other": _side_by_side(h200.step_peak_reserved_mib, other.step_peak_reserved_mib, ".0f"),

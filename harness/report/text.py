@@ -133,6 +133,11 @@ def card_label(name: str, lines: bool = False) -> str:
     return f"{profile.nominal_gb} GB ({model} profile, {profile.usable_gib:.2f} GiB on an H200)"
 
 
+def gpu_words(name: str) -> str:
+    """A GPU as nvidia-smi names it, in a sentence: 'NVIDIA H100 80GB HBM3' → 'H100 80GB HBM3'."""
+    return name.removeprefix("NVIDIA ")
+
+
 def card_short(name: str) -> str:
     """A card in a narrow column: '80 GB', '141 GB (whole H200)'."""
     profile = CARDS.get(name)
