@@ -259,7 +259,8 @@ def long_run_words(rows: Sequence[SearchRow]) -> str:
 
 def _against_vanilla(lower: LongRunVerdict, row: SearchRow, rows: Sequence[SearchRow]) -> str:
     """How the batch a fused backend's whole run trained compares with vanilla's, where vanilla's
-    ceiling on the same card and allocator held over its own long run: ' (1.20× vanilla's 120)'."""
+    ceiling on the same card and allocator held over its own long run: ' (1.20× vanilla's 120, which held
+    too)'."""
     for other in rows:
         held = other.long_run
         if (other.backend == "vanilla" and (other.card, other.allocator) == (row.card, row.allocator)
