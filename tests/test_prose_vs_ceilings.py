@@ -436,7 +436,7 @@ def test_what_the_seed_changed_is_read_from_the_probes_and_backs_the_searches_th
                        data.SeedEffect("colpali", ("plain",), 1, 1, 2000.0, 4000.0,
                                        ("colpali-plain-b128-vanilla-h100-80gb-s43",), ((40, 770), (41, 770)))]  # fmt: skip
     one_seed = CeilingSearch(**cached.model_dump() | {"seeds": (42,)})
-    rows = [data.SearchRow(search=one_seed, ceiling=Ceiling(next_batch=1024), probes=0, usable_gib=139.8),
+    rows = [data.SearchRow(search=one_seed, ceiling=Ceiling(next_batch=2048), probes=1, usable_gib=139.8),
             data.SearchRow(search=recipe, ceiling=Ceiling(fits=120, fails=128), probes=3, usable_gib=78.4)]
     assert prose.one_seed_reading(rows, effects) == (
         "The search of pylate · gradcache trains seed 42 alone. A seed draws other data; every PyLate score call had "
@@ -462,6 +462,10 @@ def test_what_the_seed_changed_is_read_from_the_probes_and_backs_the_searches_th
     assert prose.one_seed_reading(rows[1:], effects) == ""
     assert decision.criterion(rows + rows[1:]) == (
         "8 steps on each of seeds 42 and 43 (pylate · gradcache: 8 steps on seed 42 for 1 search)")
+    # a one-seed search not run yet answers nothing, so nothing qualifies its terms
+    not_run = [dataclasses.replace(rows[0], probes=0), rows[1]]
+    assert prose.one_seed_reading(not_run, effects) == ""
+    assert decision.criterion(not_run) == "8 steps on each of seeds 42 and 43"
 
 
 def test_the_searches_that_train_one_seed_are_pylate_s_whose_seeds_never_changed_a_probe(searches):

@@ -60,11 +60,12 @@ def _of(searches: Sequence[SearchRow], stack: str, regime: str, allocator: str =
 
 def criterion(searches: Sequence[SearchRow]) -> str:
     """What 'trains' means in the decision tables, read from the searches: '8 steps on each of seeds 42,
-    43 and 44', most searches' terms, then the searches of any regime that differ ('… (pylate ·
+    43 and 44', most searches' terms, then the searches that have run of any regime that differ ('… (pylate ·
     gradcache: 8 steps on seed 42 for 11 searches)')."""
     rows = [row for row in searches if row.allocator == "default"]
     if not rows:
         return "its search's steps on every seed of its search"
+    rows = [row for row in rows if row.probes > 0] or rows  # a search not run has no answer to qualify
     counts = Counter((row.search.steps, row.search.seeds) for row in rows)
     main = counts.most_common(1)[0][0]
     others = Counter((regime_label(row.stack, row.regime), row.search.steps, row.search.seeds) for row in rows

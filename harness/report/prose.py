@@ -366,8 +366,8 @@ def one_seed_reading(searches: Sequence[SearchRow], effects: Sequence[SeedEffect
     """Which searches confirm on one seed, and the data that rests on: what the seed changed in each
     stack's committed probes (:func:`harness.report.data.seed_effect`) — those stacks' first, then
     the others' for contrast — and, for a regime none of whose batches has run on several seeds yet,
-    the searches of it that keep every seed as its own check. Empty where every search runs several seeds."""
-    single = [row for row in searches if len(row.search.seeds) == 1]
+    the searches of it that keep every seed as its own check. Empty where every search that has run runs several seeds."""
+    single = [row for row in searches if len(row.search.seeds) == 1 and row.probes > 0]  # a search not run rests on nothing
     if not single:
         return ""
     regimes = list(dict.fromkeys((row.stack, row.regime) for row in single))
@@ -652,7 +652,7 @@ def _search_verdict(vanilla: SearchRow, fused: Sequence[SearchRow], probes: pd.D
         if row.fits is None or probes.empty:
             continue
         trained = probes_of(probes, row.stack, row.regime, row.fits, row.backend, row.card)
-        count = int((trained["outcome"] == "ok").sum()) if not trained.empty else 0
+        count = trained.loc[trained["outcome"] == "ok", "seed"].nunique() if not trained.empty else 0  # a seed once
         if count < len(row.search.seeds):
             seeds.append(f"{row.backend}'s B={row.fits} has trained {count} of its {len(row.search.seeds)} seeds")
     names = _names([row.backend for row in pending])
