@@ -42,7 +42,8 @@ def test_a_ceiling_a_long_run_could_not_train_at_is_marked_and_said():
     assert text.ceiling_text(rows[1]) == "160† (OOM at step 27 of 100)"
     assert text.ceiling_text(rows[0]) == "120"  # a long run that held changes nothing of the answer
     advice = decision.advice(rows, pd.DataFrame(), "pylate", "grad-checkpoint")
-    assert advice.startswith("On 80 GB, where the searches have settled, lik trains the largest batch: 160 against 120")
+    assert advice.startswith("On 80 GB, where the searches have settled, lik trains the largest batch: 160 against 120 "
+                             "on 80 GB, 1.33×† (over 8 steps)")  # the gain is marked as the 8-step one it is
     assert advice.endswith(". Over a long run, vanilla's 120 on 80 GB trained all 100 steps; lik's 160 on 80 GB ran out "
                            "of memory at step 27 of 100, so that 8-step ceiling is not a batch a run can train at.")  # fmt: skip
     assert decision.long_run_words([base, fused]) == ""  # no long run: nothing said
