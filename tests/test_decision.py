@@ -168,3 +168,18 @@ def test_a_card_held_back_by_a_stopped_search_says_why():
     running = [*settled, row("lik", "native", 2304, 2432, done=False)]
     assert decision.advice(running, pd.DataFrame(), "pylate", "grad-checkpoint").endswith(
         ". Not settled yet on 141 GB (whole H200).")
+
+
+def test_a_fused_backend_is_said_to_move_the_failure_only_where_vanilla_s_failed_in_the_op():
+    from harness.report import prose
+
+    def failing(backend: str, card: str, where: str) -> data.SearchRow:
+        return dataclasses.replace(row(backend, card, 224, 256), fails_where=where)
+
+    rows = [failing("vanilla", "rtx4090-24gb", "maxsim"), failing("lik", "rtx4090-24gb", "elsewhere"),
+            failing("vanilla", "h100-80gb", "elsewhere"), failing("lik", "h100-80gb", "elsewhere")]  # fmt: skip
+    assert prose.fused_failure_places(rows) == (
+        "In all 2 searches of a fused backend whose next batch has failed, it failed outside the op; in 1 of them "
+        "vanilla's next batch failed in the op, so there the fused backend moves the failure out of the score op.")
+    assert prose.fused_failure_places(rows[2:]) == (
+        "In the one search of a fused backend whose next batch has failed, it failed outside the op.")

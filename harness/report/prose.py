@@ -941,8 +941,15 @@ def fused_failure_places(searches: Sequence[SearchRow]) -> str:
         return ""
     inside = [row for row in fused if row.fails_where == "maxsim"]
     if not inside:
-        return (f"In all {len(fused)} searches of a fused backend whose next batch has failed, it failed outside the "
-                "op: a fused backend moves the failure out of the score op.")  # fmt: skip
+        moved = [row for row in fused
+                 if (twin := find_search(searches, row.stack, row.regime, "vanilla", row.card, row.allocator)) is not None
+                 and twin.fails_where == "maxsim"]  # fmt: skip
+        searches_of = f"In all {len(fused)} searches" if len(fused) > 1 else "In the one search"
+        text = f"{searches_of} of a fused backend whose next batch has failed, it failed outside the op"
+        if not moved:
+            return text + "."
+        return (text + f"; in {len(moved)} of them vanilla's next batch failed in the op, so there the fused backend "
+                "moves the failure out of the score op.")  # fmt: skip
     named = ", ".join(f"{row.stack} · {row.regime} {row.backend} on {card_short(row.card)}" for row in inside)
     return (f"Of the {len(fused)} searches of a fused backend whose next batch has failed, {len(inside)} failed in "
             f"the op: {named}.")  # fmt: skip
