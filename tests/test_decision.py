@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
-import pandas as pd
 import pytest
 
 from harness.report import data, decision, text
@@ -41,7 +40,7 @@ def test_a_ceiling_a_long_run_could_not_train_at_is_marked_and_said():
     assert table["80\u00a0GB"].tolist() == ["120", f"160{text.LONG_RUN_MARK}"]
     assert text.ceiling_text(rows[1]) == "160† (OOM at step 27 of 100)"
     assert text.ceiling_text(rows[0]) == "120"  # a long run that held changes nothing of the answer
-    advice = decision.advice(rows, pd.DataFrame(), "pylate", "grad-checkpoint")
+    advice = decision.advice(rows, "pylate", "grad-checkpoint")
     assert advice.startswith("On 80 GB, where the searches have settled, lik trains the largest batch: 160 against 120 "
                              "on 80 GB, 1.33×† (over 8 steps)")  # the gain is marked as the 8-step one it is
     assert advice.endswith(". Over a long run, vanilla's 120 on 80 GB trained all 100 steps; lik's 160 on 80 GB ran out "
@@ -57,38 +56,38 @@ def test_a_ceiling_a_long_run_could_not_train_at_is_marked_and_said():
 def test_a_recommendation_names_only_cards_whose_searches_have_settled():
     settled = [row("vanilla", "rtx4090-24gb", 224, 256), row("lik", "rtx4090-24gb", 352, 384),
                row("flash", "rtx4090-24gb", 352, 384)]  # fmt: skip
-    text = decision.advice(settled, pd.DataFrame(), "pylate", "grad-checkpoint")
+    text = decision.advice(settled, "pylate", "grad-checkpoint")
     assert text.startswith("On 24 GB, where the searches have settled, lik and flash train the largest batch: "
                            "352 against 224 on 24 GB, 1.57×")  # fmt: skip
     # a search still running whose range reaches above the best: that card is not settled
     running = [*settled, row("vanilla + chunk 64", "rtx4090-24gb", 352, 416, done=False)]
-    assert decision.advice(running, pd.DataFrame(), "pylate", "grad-checkpoint").startswith("No card has its searches settled")
+    assert decision.advice(running, "pylate", "grad-checkpoint").startswith("No card has its searches settled")
     # one that cannot end above it does not hold the card back
     bounded = [*settled, row("vanilla + chunk 64", "rtx4090-24gb", 320, 352, done=False)]
-    assert decision.advice(bounded, pd.DataFrame(), "pylate", "grad-checkpoint").startswith("On 24 GB")
+    assert decision.advice(bounded, "pylate", "grad-checkpoint").startswith("On 24 GB")
     # without vanilla's ceiling nothing is compared
-    assert decision.advice(settled[1:], pd.DataFrame(), "pylate", "grad-checkpoint").startswith("No card")
-    assert decision.advice([], pd.DataFrame(), "pylate", "grad-checkpoint").startswith("Not measured yet")
+    assert decision.advice(settled[1:], "pylate", "grad-checkpoint").startswith("No card")
+    assert decision.advice([], "pylate", "grad-checkpoint").startswith("Not measured yet")
     # a backend that wins on one card and only ties vanilla on another: the tie is said, not hidden
     tied = [*settled, row("vanilla", "h100-80gb", 640, 672), row("lik", "h100-80gb", 640, 672),
             row("flash", "h100-80gb", 640, 704)]  # fmt: skip
-    text = decision.advice(tied, pd.DataFrame(), "pylate", "grad-checkpoint")
+    text = decision.advice(tied, "pylate", "grad-checkpoint")
     assert text.startswith("On 24 GB and 80 GB, where the searches have settled, lik and flash train the largest batch: "
                            "352 against 224 on 24 GB, 1.57×; on 80 GB vanilla trains the same batch (640).")  # fmt: skip
     # a backend that ties the winner wherever its own search settled, but has none on another card: said
     unsearched = [*settled, row("vanilla", "h100-80gb", 640, 672), row("lik", "h100-80gb", 1280, 1344),
                   row("flash", "h100-80gb", None, None, done=False, probes=0)]  # fmt: skip
-    text = decision.advice(unsearched, pd.DataFrame(), "pylate", "grad-checkpoint")
+    text = decision.advice(unsearched, "pylate", "grad-checkpoint")
     assert text.startswith("On 24 GB and 80 GB, where the searches have settled, lik trains the largest batch: "
                            "352 against 224 on 24 GB, 1.57×; 1280 against 640 on 80 GB, 2.00×; flash trains the same "
                            "batch as lik on 24 GB, where its search has settled; on 80 GB its search has not run.")  # fmt: skip
     # a search not run is said to be not run, one under way to be searching, with its range
     running = [*unsearched[:-1], row("flash", "h100-80gb", 1216, 1280, done=False)]
     assert ("flash trains the same batch as lik on 24 GB, where its search has settled; on 80 GB it is still searching "
-            "(1216–1279).") in decision.advice(running, pd.DataFrame(), "pylate", "grad-checkpoint")  # fmt: skip
+            "(1216–1279).") in decision.advice(running, "pylate", "grad-checkpoint")  # fmt: skip
     # one that lost on a card it was searched on is not said to match
     lost = [*unsearched[:-1], row("flash", "h100-80gb", 1216, 1280)]
-    assert "flash trains the same" not in decision.advice(lost, pd.DataFrame(), "pylate", "grad-checkpoint")
+    assert "flash trains the same" not in decision.advice(lost, "pylate", "grad-checkpoint")
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +100,8 @@ def committed():
 def test_the_committed_recommendations_follow_the_committed_ceilings(committed):
     cells, searches = committed
     for stack, regime in decision.regimes(searches):
-        text = decision.advice(searches, cells, stack, regime)
+        text = decision.advice(searches, stack, regime)
+        assert "faster" not in text and "slower" not in text and "step time" not in text  # said once, by time_words
         mine = [r for r in searches if (r.stack, r.regime, r.allocator) == (stack, regime, "default")]
         for card in decision._decided_cards(mine):
             best = max(r.settled or 0 for r in mine if r.card == card)
@@ -161,12 +161,12 @@ def test_a_card_held_back_by_a_stopped_search_says_why():
     settled = [row("vanilla", "h100-80gb", 640, 672), row("lik", "h100-80gb", 1280, 1344), row("vanilla", "native", 896, 928)]
     crashed = Ceiling(fits=2304, next_batch=2432, stopped="probe x crashed", crashed="pylate-grad-checkpoint-b2432-lik-native")
     stopped = dataclasses.replace(row("lik", "native", 2304, None, done=False), ceiling=crashed)
-    advice = decision.advice([*settled, stopped], pd.DataFrame(), "pylate", "grad-checkpoint")
+    advice = decision.advice([*settled, stopped], "pylate", "grad-checkpoint")
     assert advice.endswith(". Not settled yet on 141 GB (whole H200): lik's search on 141 GB (whole H200) stopped at "
                            "≥ 2304 (the probe at 2432 crashed).")  # fmt: skip
     # a card merely still searching gets no reason
     running = [*settled, row("lik", "native", 2304, 2432, done=False)]
-    assert decision.advice(running, pd.DataFrame(), "pylate", "grad-checkpoint").endswith(
+    assert decision.advice(running, "pylate", "grad-checkpoint").endswith(
         ". Not settled yet on 141 GB (whole H200).")
 
 

@@ -143,8 +143,8 @@ def timed_batch(cells: pd.DataFrame, stack: str, regime: str, cards: Sequence[st
                 noise: timing.RunNoise | None = None) -> TimedBatch | None:  # fmt: skip
     """The batch on the first of ``cards`` that has one where the most backends, vanilla among them,
     have steady step times (the largest such batch); None where no card has vanilla and another
-    backend timed at one batch. With ``noise`` (the repeats), a ratio within its regime's run-to-run
-    noise is said as no difference."""
+    backend timed at one batch. With ``noise`` (the repeats and cap twins), a ratio whose interval
+    reaches into 1 ± its regime's run-to-run noise is said as no difference."""
     for card in cards:
         found = _timed_on(cells, stack, regime, card)
         if found is not None:
@@ -270,11 +270,11 @@ def _against_vanilla(lower: LongRunVerdict, row: SearchRow, rows: Sequence[Searc
     return ""
 
 
-def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regime: str,
-           noise: timing.RunNoise | None = None) -> str:
-    """What to use for one regime, in one sentence computed from the finished searches and the timed
-    cells: which backends train the largest batch on the cards whose searches have all finished, by
-    how much against vanilla, and whether that costs step time."""
+def advice(searches: Sequence[SearchRow], stack: str, regime: str) -> str:
+    """What to use for one regime, in one sentence computed from the finished searches: which backends
+    train the largest batch on the cards whose searches have all finished, by how much against vanilla,
+    and how the long runs at those ceilings went. Step time is left to `time_words` (every backend
+    timed beside vanilla), which the intro prints under the table, so the verdict is said once."""
     rows = _of(searches, stack, regime)
     if not rows or all(row.probes == 0 for row in rows):
         return "Not measured yet: no ceiling search of this regime has run."
@@ -317,12 +317,6 @@ def advice(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regim
     for backend, where, missing in _matching_where_settled(rows, decided, winners_per_card, everywhere):
         text += (f"; {backend} trains the same batch as {joined(everywhere)} on {joined(where)}, "
                  f"where its search has settled; {unsettled_words(rows, backend, missing)}")  # fmt: skip
-    found = timed_batch(cells, stack, regime, noise=noise)
-    if found is not None and everywhere and "vanilla" not in everywhere:
-        speeds = [f"{backend} {timing.ratio_words(found.against_vanilla[backend], noise=found.noise)}"
-                  for backend in everywhere if backend in found.against_vanilla]  # fmt: skip
-        if speeds:
-            text += f". At B={found.batch} on {card_short(found.card)}, against vanilla's step time: {'; '.join(speeds)}"
     long = long_run_words(rows)
     if long:
         text += f". {long}"
