@@ -17,7 +17,9 @@ committed result, so every notebook reads alike whichever version of the display
   ``header(result)`` itself;
 - the injected-parameters cell, whose ``output`` names a local result path, is kept in the file but
   not shown in the book (tag ``remove-input``; the header states the same values from the result),
-  and the template's default parameters are folded away (``hide-input``).
+  and so is the template's cell of default parameters (tag ``remove-cell``): its values are the
+  template's, not what the cell ran, which the header states (its steps as trained, not as asked);
+- a time of a cell not timed alone carries its mark (:func:`harness.display.alone_mark`).
 
 Source cells are never edited; a result file is only read. Running it twice changes nothing the
 second time. ``python -m harness.cellbook refresh`` (or ``harness cellbook refresh``) runs it over
@@ -45,15 +47,16 @@ import pandas as pd
 
 from harness import display
 from harness.report import data
-from harness.report.text import ANSI_COLOUR
+from harness.report.text import ANSI_COLOUR, gpu_words, regime_label
 from harness.results import CellResult
 
 ROOT = Path(__file__).resolve().parent.parent
 CELLS_DIR = ROOT / "book" / "cells"
 HEADER_TAG = "cell-header"
 COMMAND = "python -m harness.cellbook refresh"
-# the grids in the order the index shows them: the published recipe first
-GRID_ORDER = ("published", "ours", "gradcache", "op", "ceilings", data.SHARED_CHECK, data.CROSS_CARD)
+# the grids in the order the index page (book/cells.md) has a section for each: the published recipe
+# first; a grid with results that is not here is listed under the page's last section, "Other grids"
+GRID_ORDER = ("published", "ours", "gradcache", "op", "ceilings", data.SHARED_CHECK, "long-run", "parity", "repeat")
 
 DISPLAYS: dict[str, Callable[..., pd.DataFrame]] = {
     "header": display.header, "summary": display.summary, "calls_table": display.calls_table,
@@ -186,8 +189,9 @@ def refresh_notebook(notebook: Any, result: CellResult, result_file: str) -> Any
         tags = _tags(cell)
         if "injected-parameters" in tags:
             _add_tag(cell, "remove-input")
-        elif "parameters" in tags:
-            _add_tag(cell, "hide-input")
+        elif "parameters" in tags:  # the template's defaults, not the cell's values: never shown
+            cell.metadata["tags"] = [tag for tag in tags if tag != "hide-input"]
+            _add_tag(cell, "remove-cell")
         failed = any(output.get("output_type") == "error" for output in cell.get("outputs", []))
         outputs = _stream_outputs(cell.get("outputs", []), failed)
         if call is not None and not failed:
@@ -267,7 +271,7 @@ def refresh(cells_dir: Path = CELLS_DIR, source: data.Source = None, write: bool
 
 
 def grids_in_order(results: data.Results) -> list[str]:
-    """The grids with results: the published recipe first, then ours, op, ceilings, the shared-GPU check, then any other."""
+    """The grids with results: those of :data:`GRID_ORDER` in its order (the published recipe first), then any other."""
     present = sorted({result.grid for _, result in results.found if result.grid})
     return [grid for grid in GRID_ORDER if grid in present] + [grid for grid in present if grid not in GRID_ORDER]
 
@@ -279,9 +283,26 @@ def _peak_gib(result: CellResult) -> str:
 CELL_STYLE = "white-space: nowrap; padding: 0.1em 1em 0.1em 0; text-align: left"
 
 
+def gpu(result: CellResult) -> str:
+    """The GPU a cell ran on, as its result records it ('H200', 'H100 80GB HBM3'); 'unrecorded' where it is not."""
+    name = result.env.device_name if result.env is not None else None
+    return gpu_words(name) if name else "unrecorded"
+
+
+def group_name(stack: str, regime: str, kind: str) -> str:
+    """A group's heading in the index: a training regime by the report's name for it ('ColQwen2 + LoRA
+    (colpali-engine recipe)', not its cell ids' 'plain'); an op-level cell's stack and loss head."""
+    if kind == "op":
+        return f"<strong>{html.escape(stack)}</strong> · head <strong>{html.escape(regime)}</strong>"
+    from harness.report.decision import REGIME_NAMES  # imported here: the command needs no plotting library
+
+    return f"<strong>{html.escape(REGIME_NAMES.get((stack, regime), regime_label(stack, regime)))}</strong>"
+
+
 def index_html(results: data.Results, grid: str, cells_dir: Path = CELLS_DIR, page_dir: Path | None = None) -> str:
     """One grid's cells as HTML, grouped stack → regime (or head): one row per cell with its outcome,
-    peak and step time, and a link to its executed notebook relative to the index page (``book/cells``)."""
+    peak, step time and the GPU it ran on, and a link to its executed notebook relative to the index
+    page (``book/cells``)."""
     page_dir = page_dir or cells_dir.parent
     items = sorted(
         (result for _, result in results.of(grid)),
@@ -293,9 +314,8 @@ def index_html(results: data.Results, grid: str, cells_dir: Path = CELLS_DIR, pa
     for result in items:
         groups.setdefault((result.stack, result.regime), []).append(result)
     for (stack, regime), members in groups.items():
-        what = "head" if members[0].kind == "op" else "regime"
-        parts.append(f'<p class="cells-group" style="margin: 1.2em 0 0.3em"><strong>{html.escape(stack)}</strong> · {what} '
-                     f"<strong>{html.escape(regime)}</strong> — {len(members)} cells</p>")  # fmt: skip
+        parts.append(f'<p class="cells-group" style="margin: 1.2em 0 0.3em">{group_name(stack, regime, members[0].kind)} '
+                     f"— {len(members)} cells</p>")  # fmt: skip
         rows = []
         for result in members:
             notebook = cells_dir.joinpath(grid, *result.spec.folder, f"{result.cell_id}.ipynb")
@@ -309,10 +329,10 @@ def index_html(results: data.Results, grid: str, cells_dir: Path = CELLS_DIR, pa
             extra += [f"seed {result.seed}"] if result.seed != 42 else []
             outcome = result.outcome + (f" ({result.failure.replace('_', ' ')})" if result.failure else "")
             cells = [link, display.backend(result) + "".join(f" · {e}" for e in extra),
-                     result.card, outcome, _peak_gib(result), _alone_time(result)]  # fmt: skip
+                     result.card, gpu(result), outcome, _peak_gib(result), _alone_time(result)]  # fmt: skip
             texts = [cells[0], *(html.escape(cell) for cell in cells[1:])]
             rows.append("<tr>" + "".join(f'<td style="{CELL_STYLE}">{text}</td>' for text in texts) + "</tr>")
-        names = ("notebook (batch)", "backend", "card", "outcome", "peak (GiB)", "s / step")
+        names = ("notebook (batch)", "backend", "card", "GPU", "outcome", "peak (GiB)", "s / step")
         head = "".join(f'<th style="{CELL_STYLE}">{name}</th>' for name in names)
         parts.append(f'<table class="cells-index"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')
     return "\n".join(parts)
@@ -343,13 +363,16 @@ def show_index(results: data.Results, grid: str, cells_dir: Path = CELLS_DIR) ->
 
 
 def show_other_grids(results: data.Results, cells_dir: Path = CELLS_DIR) -> None:
-    """Display the index of any grid with results that the page has no section for."""
+    """Display the index of any grid with results that the page has no section for (not in
+    :data:`GRID_ORDER`), each under its name; a line saying there is none otherwise."""
     from IPython.display import Markdown, display
 
-    for grid in grids_in_order(results):
-        if grid not in GRID_ORDER:
-            display(Markdown(f"**Grid `{grid}`**"))
-            show_index(results, grid, cells_dir)
+    others = [grid for grid in grids_in_order(results) if grid not in GRID_ORDER]
+    if not others:
+        display(Markdown("Every grid with committed results has its own section above."))
+    for grid in others:
+        display(Markdown(f"**Grid `{grid}`**"))
+        show_index(results, grid, cells_dir)
 
 
 # ---- command -------------------------------------------------------------------------------------------

@@ -97,7 +97,8 @@ def backend(result: CellResult) -> str:
 
 def header(result: CellResult) -> pd.DataFrame:
     """What the cell was and how it ended: stack, regime or head, batch, backend, card, allocator, seed,
-    outcome, grid and cell id — from the result's spec, one row each."""
+    steps as trained (:func:`steps_done`), the GPU it ran on, outcome, grid and cell id — from the
+    result, one row each."""
     return _table(header_fields(result))
 
 
@@ -114,14 +115,54 @@ def header_fields(result: CellResult) -> dict[str, str]:
         "card": result.card,
         "allocator": result.allocator,
         "seed": spec.seed,
-        "steps" if spec.kind == "train" else "timed repetitions": spec.steps,
+        "steps trained" if spec.kind == "train" else "timed repetitions": steps_done(result),
         "preset": getattr(spec, "preset", None) if spec.kind == "train" else None,
         "device": getattr(spec, "device", None),
+        "GPU": text.gpu_words(result.env.device_name) if result.env is not None and result.env.device_name else None,
         "outcome": outcome,
         "grid": result.grid or "none (run by hand)",
         "cell id": result.cell_id,
     }
     return {name: str(value) for name, value in rows.items() if value is not None}
+
+
+def steps_done(result: CellResult) -> str:
+    """What the cell ran, beside what it was to run: ``8`` (all it was asked for), ``10 (of at least 9:
+    a timed cell trains on until 8 steady steps are timed)`` for a timed cell, which trains past its ``steps`` until it has timed
+    ``min_steady_steps``, and ``26 of 100, then out of memory in step 27`` for one that stopped short.
+    Never the spec's ``steps`` alone, which for a timed cell is not what it trained."""
+    spec, done = result.spec, len(result.step_times_sec)
+    steady = getattr(spec, "min_steady_steps", 0) or 0
+    least = max(spec.steps, getattr(spec, "warmup_steps", 0) + steady) if steady else spec.steps
+    planned = f"at least {least}" if steady else str(least)
+    if result.outcome == "crashed":
+        return f"none recorded of {planned} (it crashed)" if not done else f"{done} of {planned}, then it crashed"
+    if result.outcome != "ok":
+        return f"{done} of {planned}, then out of memory in step {done + 1}"
+    if steady:
+        return f"{done} (of {planned}: a timed cell trains on until {steady} steady steps are timed)"
+    return str(done) if done == least else f"{done} of {planned}"
+
+
+NOT_ALONE = "not timed alone (shared host/GPU)"  # a time of a cell that did not have its GPU and host to itself
+NOT_RECORDED = "not timed alone (no record that it had its host and GPU to itself)"  # measured before the timing rule
+
+
+def alone_mark(result: CellResult) -> str:
+    """'' for a cell timed alone (its times are the card's: the timing rule); otherwise the mark its
+    times carry wherever a notebook shows them: :data:`NOT_ALONE`, or :data:`NOT_RECORDED` for a cell
+    measured before the timing rule."""
+    if result.timed_alone:
+        return ""
+    return NOT_RECORDED if result.timing is None else NOT_ALONE
+
+
+def _marked(value: str, result: CellResult) -> str | None:
+    """A time as a notebook shows it: with its :func:`alone_mark` after it; None for no value."""
+    if not value:
+        return None
+    mark = alone_mark(result)
+    return f"{value} — {mark}" if mark else value
 
 
 def timed_alone(result: CellResult) -> str:
@@ -136,22 +177,24 @@ def timed_alone(result: CellResult) -> str:
 
 
 def summary(result: CellResult) -> pd.DataFrame:
-    """The cell's outcome, step peaks and steady step time as a one-column table."""
+    """The cell's outcome, step peaks and steady step time as a one-column table, with the GPU it ran on
+    (its times are that GPU's, whatever card it was capped to)."""
     failed = result.outcome != "ok"
     where = None if result.oom_where is None else ("yes" if result.oom_where == "maxsim" else "no")
     rows: dict[str, Any] = {
         "cell": f"{result.stack} / {result.regime} / B={result.batch_size} / {backend(result)}"
         + (f" / {result.negatives} negatives" if result.negatives else ""),
         "card": result.card,
+        "GPU": text.gpu_words(result.env.device_name) if result.env is not None and result.env.device_name else None,
         "outcome": result.outcome,
         "OOM": first_line(result.oom_message) if failed and result.oom_message else None,
         "OOM inside the MaxSim op": where,
         "step peak allocated": mib_gib(result.step_peak_alloc_mib) or None,
         "step peak reserved": mib_gib(result.step_peak_reserved_mib) or None,
         "reserved − allocated at peak (MiB)": mib(result.fragmentation_mib) or None,
-        "steady step time (s)": seconds(result.steady_step_time_sec) or None,
+        "steady step time (s)": _marked(seconds(result.steady_step_time_sec), result),
         "timed alone": timed_alone(result) if result.step_times_sec else None,
-        "samples / s": significant(result.samples_per_sec) or None,
+        "samples / s": _marked(significant(result.samples_per_sec), result),
         "steady steps": integers(result.steady_steps) if result.step_times_sec else None,
         "steps that autotuned": integers(result.autotune_steps) if result.step_times_sec else None,
         "calls into the fused kernel": result.backend_entry_point_calls,
@@ -215,13 +258,15 @@ def calls_table(result: CellResult, kind: str) -> pd.DataFrame:
 
 
 def step_times(result: CellResult) -> pd.DataFrame:
-    """One row per step: its time, whether it counts as steady, and (newer results) its own peaks."""
+    """One row per step: its time, whether it counts as steady, and (newer results) its own peaks. The
+    time column of a cell not timed alone says so in its header (:func:`alone_mark`)."""
     count = len(result.step_times_sec)
     steady, tuned = set(result.steady_steps), set(result.autotune_steps)
+    mark = alone_mark(result)
     frame = pd.DataFrame(
         {
             "step": range(count),
-            "seconds": [seconds(t) for t in result.step_times_sec],
+            f"seconds — {mark}" if mark else "seconds": [seconds(t) for t in result.step_times_sec],
             "steady": [yes_no(i in steady) for i in range(count)],
             "autotuned": [yes_no(i in tuned) for i in range(count)],
         }
@@ -237,13 +282,17 @@ def step_times(result: CellResult) -> pd.DataFrame:
 
 
 def op_timing(result: CellResult) -> pd.DataFrame:
-    """An op-level cell's forward + backward time: median, spread and extremes over its repetitions."""
+    """An op-level cell's forward + backward time: median, spread and extremes over its repetitions;
+    the column of a cell not timed alone says so in its header (:func:`alone_mark`), and why in a row."""
     times = pd.Series(result.step_times_sec, dtype=float)
     if times.empty:
         return nothing("no repetition was timed" + (" (the cell ran out of memory)" if result.outcome == "oom" else ""))
     quantile = {name: float(times.quantile(q)) for name, q in (("p10", 0.1), ("p90", 0.9))}
-    return _table({
+    table = _table({
         "repetitions": len(times), "median (s)": seconds(float(times.median())), "p10 (s)": seconds(quantile["p10"]),
         "p90 (s)": seconds(quantile["p90"]), "min (s)": seconds(float(times.min())), "max (s)": seconds(float(times.max())),
         "queries / s": significant(result.samples_per_sec) or None,
+        "timed alone": None if result.timed_alone else timed_alone(result),
     })  # fmt: skip
+    mark = alone_mark(result)
+    return table.rename(columns={"value": f"value — {mark}"}) if mark else table

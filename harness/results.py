@@ -528,6 +528,8 @@ def _cell_summary(result: CellResult) -> dict[str, object]:
         "fragmentation_last_step_mib": per_step[-1] if per_step else None,
         "fragmentation_growth_mib": per_step[-1] - per_step[0] if len(per_step) > 1 else None,
         "n_steps_done": len(result.step_times_sec),
+        # the GPU it ran on, as nvidia-smi names it ("NVIDIA H200"); None in records written before it was kept
+        "device_name": None if result.env is None else result.env.device_name,
         # what the allocator could use: the emulated card's cap, else the whole device
         "memory_limit_mib": None if result.env is None else (result.env.card_cap_mib or result.env.device_capacity_mib),
         "n_calls_in_train": len(result.maxsim_calls_in_train),

@@ -129,7 +129,7 @@ def committed_cell(**spec: object) -> dict:
 def test_the_book_shows_committed_results(book):
     results = (book / "results.html").read_text()
     assert "No results have been committed yet" not in results and "Files not read" not in results
-    assert f"({len(result_paths(COMMITTED))} cells, 17 columns)" in results  # 17: the "times" column (timing rule)
+    assert f"({len(result_paths(COMMITTED))} cells, 18 columns)" in results  # 18: "times" (timing rule) and "GPU"
     intro = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", (book / "intro.html").read_text()))
     for variant in ("vanilla", "lik"):
         cell = committed_cell(stack="colpali", regime="plain", batch_size=64, variant=variant, card="h100-80gb")

@@ -557,12 +557,14 @@ def test_every_probe_is_plotted_at_its_peaks_one_panel_per_allocator(tmp_path, l
     figure = plots.plot_probe_peaks(probes, "pylate · grad-checkpoint on 80 GB")
     left, right = figure.axes
     assert (left.get_title(), right.get_title()) == ("default allocator", "expandable allocator")
-    allocated, reserved, failed = left.collections  # one backend: its three kinds of marker
+    allocated, reserved, failed, ring = left.collections  # one backend: its kinds of marker (a failure: × in a ring)
     fits = probes[(probes["allocator"] == "default") & (probes["outcome"] == "ok")]
     assert sorted(allocated.get_offsets()[:, 1]) == pytest.approx(sorted(fits["batch_size"] * 100 / 1024))
     assert sorted(reserved.get_offsets()[:, 1]) == pytest.approx(sorted(fits["batch_size"] * 110 / 1024))
+    for drawn in (allocated, reserved):  # every marker at its probe's own batch: nothing moved sideways
+        assert sorted(drawn.get_offsets()[:, 0]) == sorted(fits["batch_size"])
     fails = probes[(probes["allocator"] == "default") & (probes["outcome"] == "oom")]
-    assert sorted(failed.get_offsets()[:, 0]) == sorted(fails["batch_size"])
+    assert sorted(failed.get_offsets()[:, 0]) == sorted(ring.get_offsets()[:, 0]) == sorted(fails["batch_size"])
     assert data.ceiling_probes(tmp_path / "nothing").empty
 
 

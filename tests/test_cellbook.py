@@ -258,3 +258,82 @@ def test_a_notebook_whose_kernel_died_before_its_header_gets_one_that_says_why(r
     assert "| crashed (kernel died) |" in header.source
     assert header.source.endswith(f"The run crashed: {why}. The last lines of its log are kept in the result file.")
     assert refreshed.cells[0].source.startswith(f"# {ran.spec.title} — crashed")
+
+
+def test_a_time_not_timed_alone_is_marked_wherever_a_notebook_shows_it(results):
+    """The timing rule: a notebook shows a time of a cell that did not have its host and GPU to itself only
+    with the mark "not timed alone" (and why); a time of a cell timed alone carries none."""
+    seen = {True: 0, False: 0}
+    for _, result in results.found:
+        if not result.step_times_sec:
+            continue
+        mark = display.alone_mark(result)
+        assert bool(mark) == (not result.timed_alone) and (not mark or mark.startswith("not timed alone ("))
+        seen[result.timed_alone] += 1
+        steps = display.step_times(result)
+        assert list(steps.columns)[0] == (f"seconds — {mark}" if mark else "seconds")
+        if result.kind == "op":
+            timing = display.op_timing(result)
+            assert list(timing.columns) == [f"value — {mark}" if mark else "value"]
+            continue
+        summary = display.summary(result)["value"]
+        for row in ("steady step time (s)", "samples / s"):
+            if row in summary:
+                assert summary[row].endswith(f" — {mark}") if mark else "not timed alone" not in summary[row]
+    assert seen[True] and seen[False]
+
+
+def test_the_header_says_the_steps_the_cell_ran_and_its_gpu(results):
+    """A timed grid cell asks for a few steps and trains on until it has timed its steady steps; a cell that
+    ran out of memory stops short: the header states the steps it ran beside those it was to run."""
+    for _, result in results.found:
+        fields = display.header_fields(result)
+        ran = fields["steps trained" if result.kind == "train" else "timed repetitions"]
+        done = len(result.step_times_sec)
+        if result.outcome == "crashed" and not done:
+            assert ran.startswith("none recorded of")
+            continue
+        assert ran.split(" ")[0] == str(done), (result.cell_id, ran)
+        if result.outcome == "oom":
+            assert ran.endswith(f"then out of memory in step {done + 1}")
+        if result.kind == "train" and result.spec.min_steady_steps and result.outcome == "ok":
+            assert f"until {result.spec.min_steady_steps} steady steps" in ran
+        if result.env is not None and result.env.device_name:
+            assert fields["GPU"] == result.env.device_name.removeprefix("NVIDIA ")
+    (cut,) = [r for _, r in results.of("long-run") if r.outcome == "oom"]
+    assert display.header_fields(cut)["steps trained"] == (
+        f"{len(cut.step_times_sec)} of {cut.spec.steps}, then out of memory in step {len(cut.step_times_sec) + 1}")
+
+
+@pytest.mark.parametrize("path", COMMITTED_NOTEBOOKS[:: max(1, len(COMMITTED_NOTEBOOKS) // 40)])
+def test_the_templates_default_parameters_are_not_shown(path):
+    """The template's parameters cell holds its defaults (not what the cell ran): removed from the page."""
+    notebook = nbformat.read(path, as_version=4)
+    defaults = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
+    assert all("remove-cell" in c.metadata["tags"] and "hide-input" not in c.metadata["tags"] for c in defaults)
+
+
+def test_the_index_names_each_cells_gpu_and_each_recipe_as_the_pages_do(results):
+    from harness.report.decision import REGIME_NAMES
+
+    long_runs = cellbook.index_html(results, "long-run")
+    other = [r for _, r in results.of("long-run") if r.env and r.env.device_name and "H200" not in r.env.device_name]
+    assert other, "the committed long runs include one on another GPU than an H200"
+    for result in other:  # its row names its GPU beside its time
+        row = next(row for row in long_runs.split("<tr>") if f'title="{result.cell_id}"' in row)
+        assert f">{result.env.device_name.removeprefix('NVIDIA ')}<" in row
+    for grid in cellbook.grids_in_order(results):
+        page = cellbook.index_html(results, grid)
+        assert "<th" in page and ">GPU</th>" in page
+        assert "regime <strong>plain" not in page and "<strong>plain</strong>" not in page
+    assert f"<strong>{REGIME_NAMES[('colpali', 'plain')]}</strong>" in cellbook.index_html(results, "published")
+
+
+def test_every_grid_has_its_own_section_on_the_index_page(results):
+    text = (ROOT / "book" / "cells.md").read_text()
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    for grid in cellbook.GRID_ORDER:
+        (section,) = [s for s in sections if f'cellbook.show_index(results, "{grid}")' in s]
+        assert section.count("cellbook.show_index(") == 1, grid
+    assert set(cellbook.grids_in_order(results)) <= set(cellbook.GRID_ORDER)  # none falls to "Other grids" today
+    assert sections[-1].startswith("Other grids") and "show_other_grids" in sections[-1]

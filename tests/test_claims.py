@@ -3,13 +3,14 @@ why it cannot), the verdict logic on synthetic numbers, and the B=128 ColQwen2 o
 results, its numbers read again from the result file without the report."""
 
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from harness.report import claims, data
+from harness.report import claims, data, text, timing
 from harness.report.data import SearchRow
 from harness.results import largest_isolated_call, load_result
 from harness.search import Ceiling, CeilingSearch
@@ -149,7 +150,50 @@ def test_a_memory_figure_inside_its_tolerance_holds_and_outside_differs():
     assert claims.retest(rounded, evidence(cell(outcome="oom", oom_message=oom))).status == "holds"
     assert claims.retest(replace(rounded, published="26"), evidence(cell(outcome="oom", oom_message=oom))).status == "differs"
     request = claims.retest(claim(quantity="oom_request", published="1.81"), evidence(cell(outcome="oom", oom_message=oom)))
-    assert (request.status, request.ours) == ("holds", "1.79 GiB")
+    assert (request.status, request.ours) == ("holds", "1.79 GiB (grid cell)")
+
+
+def test_an_oom_figure_is_read_from_every_run_of_ours_that_ran_out_at_that_batch():
+    """The failed request and the memory reserved but unallocated are read from the grid cell and from every
+    ceiling probe of that batch that ran out (default allocator): each against the published figure, and the
+    claim holds only where every run's does. Both moments — the peak before and the failing request — are
+    read by one function, each against its own published figure."""
+    def message(request: float, unallocated: float) -> str:
+        return (f"CUDA out of memory. Tried to allocate {request:.2f} GiB. Of the allocated memory 48.03 GiB is "
+                f"allocated by PyTorch, and {unallocated:.2f} GiB is reserved by PyTorch but unallocated.")  # fmt: skip
+
+    grid = cell(outcome="oom", seed=42, oom_message=message(3.54, 27.09), pre_oom_alloc_mib=53.34 * 1024,
+                pre_oom_reserved_mib=77.01 * 1024)  # fmt: skip
+    probes = pd.DataFrame([
+        cell(outcome="oom", seed=43, allocator="default", oom_message=message(1.81, 24.71),
+             pre_oom_alloc_mib=53.45 * 1024, pre_oom_reserved_mib=77.26 * 1024),
+        cell(outcome="oom", seed=44, allocator="expandable", oom_message=message(9.0, 1.0)),  # another allocator
+        cell(outcome="ok", seed=42, allocator="default"),
+    ])  # fmt: skip
+    found = claims.Evidence(pd.DataFrame([grid]), [], probes=probes)
+    request = claims.retest(claim(quantity="oom_request", published="1.81", if_differs="shapes"), found)
+    assert request.ours == "3.54 GiB (grid cell, seed 42); 1.81 GiB (ceiling probe, seed 43)"
+    assert request.status == "differs" and "ceiling probe (seed 43): 0 MiB (0%), within" in request.reason
+    assert "grid cell (seed 42): +1772 MiB (+95.6%), outside" in request.reason and request.reason.endswith("; shapes")
+    alone = claims.Evidence(pd.DataFrame([grid]), [], probes=probes.iloc[[0]].assign(oom_message=message(3.54, 27.0)))
+    assert claims.retest(claim(quantity="oom_request", published="3.54"), alone).status == "holds"
+    rounded = claim(quantity="oom_unallocated", published="25", tolerance="rounded")
+    unallocated = claims.retest(rounded, found)
+    assert unallocated.ours.startswith("27.1 GiB (grid cell, seed 42, at its 3.54 GiB request); 24.7 GiB")
+    assert unallocated.status == "differs" and "outside ±0.5 GiB" in unallocated.reason
+    key = [claim(id=quantity, quantity=quantity, published=value, tolerance="rounded" if quantity == "oom_unallocated"
+                 else "memory") for quantity, value in (("oom_request", "1.81"), ("oom_unallocated", "25"),
+                                                        ("pre_oom_alloc", "53.95"), ("pre_oom_reserved", "77.73"))]  # fmt: skip
+    reading = claims.oom_reading(found, "colpali", "plain", 128, "vanilla", "h100-80gb", claims=key)
+    peaks = {"published": (77.73 - 53.95), "grid": (77.01 - 53.34), "probe": (77.26 - 53.45)}
+    assert f"Published: {peaks['published']:.2f} GiB at the peak (77.73 − 53.95 GiB), 25 GiB when its 1.81 GiB" in reading
+    assert f"the grid cell (seed 42): {peaks['grid']:.2f} GiB at the peak, 27.09 GiB when its 3.54 GiB request failed" in reading
+    assert f"the ceiling probe (seed 43): {peaks['probe']:.2f} GiB at the peak, 24.71 GiB when its 1.81 GiB" in reading
+    assert "At the peak, every run of ours agrees with the published figure, within ±2.5% or 16 MiB." in reading
+    assert ("When the request failed, the ceiling probe (seed 43) agrees with the published figure, within ±0.5 GiB "
+            f"(the published rounding); the grid cell (seed 42) +{27.09 - 25:.2f} GiB off it.") in reading  # fmt: skip
+    assert claims.oom_readings(found, key) == [reading]
+    assert claims.oom_reading(found, "colpali", "plain", 64, "vanilla", "h100-80gb", claims=key) == ""
 
 
 def test_outcomes_hold_only_when_the_same_and_in_the_same_place():
@@ -192,7 +236,8 @@ def test_times_wait_until_they_are_trustworthy_then_ratios_are_compared():
     speedup = claim(quantity="speedup", published="1.07–1.12", unit="×", batches=(512,), backends=("lik",),
                     versus="vanilla", tolerance="time-ratio")  # fmt: skip
     waiting = claims.retest(speedup, evidence(*pair))
-    assert waiting.status == "not re-tested" and waiting.waits_on == "times" and waiting.ours == "1.11×"
+    assert waiting.status == "not re-tested" and waiting.waits_on == "times"
+    assert waiting.ours == f"on {text.card_label('h100-80gb')}: B=512: {2.27 / 2.05:.2f}× (medians)"
     assert waiting.reason.startswith(claims.TIMES_WAIT) and "3 steady steps, not 8" in waiting.reason
     trusted = [row | {"n_steady_steps": 8, "times_comparable": True} for row in pair]
     assert claims.timing_doubt([pd.Series(row) for row in trusted]) == ""
@@ -205,6 +250,33 @@ def test_times_wait_until_they_are_trustworthy_then_ratios_are_compared():
     absolute = claim(quantity="step_time", published="2.40", unit="s/step", batches=(512,), backends=("lik",), tolerance="time")
     verdict = claims.retest(absolute, evidence(*trusted))
     assert verdict.status == "not re-tested" and verdict.reason.startswith("not compared")
+
+
+def test_a_speed_ratio_names_its_batch_and_card_and_inside_the_noise_is_no_difference():
+    """Each ratio says the batch and card it was measured at, with its 95% interval; one whose interval reaches
+    into 1 ± the regime's run-to-run noise is no difference: it cannot back a claimed speedup, and agrees with a
+    claimed parity."""
+    steady = {"vanilla": [2.20 + 0.02 * k for k in range(8)], "lik": [2.00 + 0.02 * k for k in range(8)]}
+    cells = [cell(batch=batch, backend=backend, steady_times_sec=[t * scale for t in times],
+                  steady_step_time_sec=float(pd.Series(times).median()) * scale, n_steady_steps=8, times_comparable=True)
+             for batch, scale in ((128, 1.0), (256, 2.0)) for backend, times in steady.items()]  # fmt: skip
+    speedup = claim(quantity="speedup", published="1.07–1.12", unit="×", batches=(128, 256), backends=("lik",),
+                    versus="vanilla", tolerance="time-ratio")  # fmt: skip
+    intervals = [timing.ratio(steady["vanilla"], steady["lik"]) for _ in (128, 256)]  # the scale cancels
+    quiet = claims.Evidence(pd.DataFrame(cells), [], noise=timing.RunNoise({("colpali", "plain"): 0.02}, 0.02))
+    verdict = claims.retest(speedup, quiet)
+    value = intervals[0]
+    assert value.beyond(0.02) and verdict.status == "holds"
+    words = f"{value.value:.2f}× faster ({value.low:.2f}–{value.high:.2f})"
+    assert verdict.ours == f"on {text.card_label('h100-80gb')}: B=128: {words}; B=256: {words}"
+    noisy = claims.Evidence(pd.DataFrame(cells), [], noise=timing.RunNoise({("colpali", "plain"): 0.15}, 0.15))
+    assert not value.beyond(0.15)
+    verdict = claims.retest(speedup, noisy)
+    assert verdict.status == "differs" and verdict.reason.startswith("at B=128 and 256 ours is no difference")
+    assert "no difference (" in verdict.ours and "in ±15.0% noise" in verdict.ours
+    parity = replace(speedup, published="1.00")
+    assert claims.retest(parity, noisy).status == "holds"  # no difference agrees with parity
+    assert claims.retest(parity, quiet).status == "differs"  # a difference beyond the noise, outside ±5% of 1.00
 
 
 def search_row(backend: str, fits: int | None, fails: int | None, done: bool = True, probes: int = 5,
@@ -330,3 +402,60 @@ def test_every_gpu_result_ran_on_the_gpu_the_card_labels_name():
     assert sum(ran_on.values()) > 500, ran_on
     assert set(ran_on) == {"NVIDIA H200"}, ran_on
     assert "on an H200" in text.card_label("h100-80gb") and "the whole H200" in text.card_label("native")
+
+
+def test_the_op_ratio_and_growth_claims_compare_one_call_shape(verdicts):
+    """The ~130× and the ×4 / ×2 claims: our figures are read from the result files' replays at one call shape
+    that every cell compared replayed (the largest such), named in the verdict, never a vanilla call of one
+    shape over a lik call of another."""
+    folder = ROOT / "results" / "published" / "colpali" / "plain"
+
+    def totals(batch: int, backend: str) -> dict[tuple[int, int], float]:
+        result = load_result(folder / f"colpali-plain-b{batch}-{backend}-h100-80gb.json")
+        return {(call.query_shape[1], call.doc_shape[1]): call.saved_for_backward_mib + call.backward_transient_peak_mib
+                for call in result.maxsim_calls_isolated if not call.oom_in_replay}  # fmt: skip
+
+    def largest_common(*tables: dict[tuple[int, int], float]) -> tuple[int, int]:
+        return max(set.intersection(*(set(table) for table in tables)), key=lambda shape: shape[0] * shape[1])
+
+    vanilla, lik = totals(128, "vanilla"), totals(128, "lik")
+    shape = largest_common(vanilla, lik)
+    assert max(lik, key=lambda s: lik[s]) != shape  # lik's own largest call is another shape: the old, mixed ratio
+    ratio = vanilla[shape] / lik[shape]
+    claim_row, verdict = verdicts["colpali-op-reduction-128"]
+    assert verdict.ours.startswith(f"{ratio:.0f}× at {shape[0]} × {shape[1]} tokens")
+    assert verdict.status == ("holds" if abs(ratio - claim_row.value) <= 0.12 * claim_row.value else "differs")
+    assert "the published ratio is of the published run's own shapes" in verdict.reason
+    for backend, claim_id in (("vanilla", "colpali-op-growth-vanilla"), ("lik", "colpali-op-growth-lik")):
+        small, large = totals(64, backend), totals(128, backend)
+        shape = largest_common(small, large)
+        factor = large[shape] / small[shape]  # one doubling
+        claim_row, verdict = verdicts[claim_id]
+        assert verdict.ours.startswith(f"{text.significant(factor, 3)}× at {shape[0]} × {shape[1]} tokens in both")
+        assert verdict.status == ("holds" if abs(factor - claim_row.value) <= 0.10 * claim_row.value else "differs")
+
+
+def test_the_failed_request_claim_shows_our_probe_beside_our_grid_cell(verdicts):
+    """'…on a 1.81 GiB request': our grid cell's request and the ceiling probe's of the same batch that ran out,
+    read again from their result files, each with its own verdict."""
+    grid = load_result(ROOT / "results" / "published" / "colpali" / "plain" / "colpali-plain-b128-vanilla-h100-80gb.json")
+    probes = [load_result(path) for path in sorted((ROOT / "results" / "ceilings" / "colpali" / "plain").glob(
+        "colpali-plain-b128-vanilla-h100-80gb*.json")) if "expandable" not in path.name]  # fmt: skip
+    failed = [probe for probe in probes if probe.outcome == "oom"]
+    assert grid.outcome == "oom" and failed
+    _, verdict = verdicts["colpali-request-128-vanilla"]
+    for label, result in [("grid cell", grid), *(("ceiling probe", probe) for probe in failed)]:
+        asked = re.search(r"Tried to allocate ([0-9.]+) GiB", result.oom_message).group(1)
+        assert f"{asked} GiB ({label}, seed {result.spec.seed})" in verdict.ours
+    _, unallocated = verdicts["colpali-unallocated-128-vanilla"]
+    for result in [grid, *failed]:
+        held = re.search(r"([0-9.]+) GiB is reserved by PyTorch but unallocated", result.oom_message).group(1)
+        assert f"{float(held):.3g} GiB" in unallocated.ours
+
+
+def test_every_committed_speed_ratio_names_its_batch_and_card(verdicts):
+    for claim_row, verdict in verdicts.values():
+        if claim_row.quantity != "speedup" or verdict.ours == "—":
+            continue
+        assert verdict.ours.startswith(f"on {text.card_label(claim_row.card)}: ")
+        assert [int(b) for b in re.findall(r"B=(\d+): ", verdict.ours)] == list(claim_row.batches)

@@ -7,6 +7,7 @@ import torch
 from harness import trace
 from harness.cell import CellError, run_cell
 from harness.memory import MIB
+from harness.report.tables import PUBLISHED_QUERY_RANGE, QUERY_CALIBRATION
 from harness.spec import SpecError, TrainSpec
 from harness.stacks import colpali_data, colqwen2_model
 
@@ -113,16 +114,17 @@ def test_the_processor_has_qwen2_vls_specials_prompt_layout_and_the_768_token_ca
 def test_synthetic_queries_follow_the_real_length_statistics(processor):
     lengths = [len(q) for q in colpali_data.queries(5000, 0)]
     assert 64 <= np.mean(lengths) <= 70 and max(lengths) > 2 * np.mean(lengths)  # mean ~67 with a tail
-    # 200 independent batches of 128 per seed of the grids, padded as colpali-engine's collator pads
-    # them (10 augmentation tokens): the ranges the module and the methodology state
-    for seed in (42, 43, 44):
-        queries = [colpali_data.query(seed, index) for index in range(200 * 128)]
-        tokens = np.array([len(ids) for ids in processor.tokenizer(queries)["input_ids"]]) + 10
-        padded = tokens.reshape(200, 128).max(axis=1)
-        in_range = np.mean((padded >= 42) & (padded <= 57))
-        assert 49.5 <= np.median(padded) <= 50, (seed, np.median(padded))
-        assert 0.84 <= in_range <= 0.90, (seed, in_range)
-        assert 0.08 <= np.mean(padded > 57) <= 0.135, (seed, np.mean(padded > 57))
+    # independent batches per seed of the grids, padded as colpali-engine's collator pads them (its
+    # augmentation tokens added): the ranges the methodology states (prose.query_calibration)
+    calibration, (low, high) = QUERY_CALIBRATION, PUBLISHED_QUERY_RANGE
+    for seed in calibration.seeds:
+        queries = [colpali_data.query(seed, index) for index in range(calibration.batches * calibration.batch)]
+        tokens = np.array([len(ids) for ids in processor.tokenizer(queries)["input_ids"]]) + calibration.augmentation
+        padded = tokens.reshape(calibration.batches, calibration.batch).max(axis=1)
+        median, inside, above = np.median(padded), np.mean((padded >= low) & (padded <= high)), np.mean(padded > high)
+        assert calibration.median[0] <= median <= calibration.median[1], (seed, median)
+        assert calibration.inside[0] <= inside <= calibration.inside[1], (seed, inside)
+        assert calibration.above[0] <= above <= calibration.above[1], (seed, above)
 
 
 def test_one_seed_names_one_stream_of_batches():

@@ -10,7 +10,7 @@ import re
 import pandas as pd
 import pytest
 
-from harness.report import data, plots, tables
+from harness.report import data, plots, prose, tables
 from harness.report.text import oom_held_mib
 from harness.spec import CARDS, CONTEXT_GIB
 from test_book import ROOT
@@ -135,18 +135,23 @@ def methodology() -> str:
 
 
 def test_the_context_the_methodology_quotes_is_the_one_in_the_committed_oom_messages(committed):
-    """methodology.md: "the memory our own processes held on the H200 outside PyTorch's allocator was
-    0.66–0.79 GiB" — process memory in use less what PyTorch reserved, in every committed OOM message."""
+    """methodology.md glues prose.outside_allocator: "the memory our own processes held on the H200 outside
+    PyTorch's allocator was …" — process memory in use less what PyTorch reserved, in every committed OOM
+    message from an H200."""
     results, _, _ = committed
     outside = []
     for _, result in results.found:
         message = result.oom_message or ""
         in_use = re.search(r"this process has ([0-9.]+) GiB memory in use", message)
         held = oom_held_mib(message)
-        if in_use and held:
+        if in_use and held and "H200" in result.env.device_name:
             outside.append(float(in_use.group(1)) - (held[0] + held[1]) / 1024)
     assert len(outside) > 20
-    assert f"{min(outside):.2f}–{max(outside):.2f} GiB" in methodology()
+    sentence = prose.outside_allocator(results)
+    assert f"in the {len(outside)} out-of-memory messages" in sentence
+    assert f"outside PyTorch's allocator was {min(outside):.2f}–{max(outside):.2f} GiB" in sentence
+    assert "{glue:md}`outside_allocator`" in methodology() and "GiB, depending on what a cell" not in methodology()
+    assert prose.outside_allocator(data.read(ROOT / "no-results")).startswith("Whether the context is a constant")
 
 
 def test_the_derived_caps_and_their_alternative_are_the_ones_the_methodology_states():
@@ -193,18 +198,76 @@ def test_what_the_ceilings_page_says_of_the_stack_pages_times_is_their_timing_re
     assert "parity" not in set(cells["grid"])  # traced cells have their own page
 
 
-def test_lik_op_memory_that_may_hold_the_autotuners_buffers_is_marked():
-    from harness.report import data, tables
+def test_lik_op_memory_that_holds_the_autotuners_buffers_is_marked_and_set_beside_the_tuned_call():
+    """op.md: a PyLate lik op cell measured on a call during which Triton autotuned is marked with a mark no other
+    page uses (elsewhere † is a ceiling a long run could not train at), and the same call's memory once tuned — a
+    PyLate training cell's replay of exactly those shapes — stands beside it, with the difference in the legend."""
+    from harness.report import data, predictions, tables, text
+    from harness.report.decision import RUNNING_MARK
 
+    assert len({tables.TUNER_MARK, text.LONG_RUN_MARK, text.LOADER_MARK, RUNNING_MARK, predictions.SEARCHING_MARK}) == 5
     cells, calls = data.load()
     ops = data.op_level(cells, calls)
     tuned_from = data.tuner_inside_from(data.lik_spike())
     assert tuned_from == 256  # the record saw kernels autotune inside the first backward at B=256 and 512
-    marked = {(head, row["batch"], row["backend"]) for head, table in tables.op_speed_tables(ops, tuned_from).items()
-              for _, row in table.iterrows() if str(row["held + bwd spike (MiB)"]).endswith(tables.TUNER_MARK)}
-    expected = {(f"{r.stack.removeprefix('op-')} · {r.regime}", r.batch_size, "lik") for r in ops.itertuples()
+    ok = calls[~calls["oom_in_replay"].astype(bool) & (calls["backend"] == "lik")]
+    training = ok[ok["stack"] == "pylate"]
+    tuned = {}
+    for _, op in ok[ok["stack"] == "op-pylate"].iterrows():
+        same = training[[list(q) == list(op["query_shape"]) and list(d) == list(op["doc_shape"])
+                         for q, d in zip(training["query_shape"], training["doc_shape"], strict=True)]]  # fmt: skip
+        if not same.empty:
+            tuned[int(op["batch_size"])] = float((same["saved_for_backward_mib"] + same["backward_transient_peak_mib"]).min())
+    assert tables.tuned_lik_totals(calls) == pytest.approx(tuned)
+    shown = tables.op_speed_tables(ops, tuned_from, tuned)
+    marked = {(head, row["batch"], row["backend"]): str(row["held + bwd spike (MiB)"]) for head, table in shown.items()
+              for _, row in table.iterrows() if tables.TUNER_MARK in str(row["held + bwd spike (MiB)"])}  # fmt: skip
+    expected = {(f"{r.stack.removeprefix('op-')} · {r.regime}", r.batch_size, "lik"): r.total_mib for r in ops.itertuples()
                 if r.variant == "lik" and r.stack == "op-pylate" and r.batch_size >= 256 and r.migrated and r.outcome == "ok"}
-    assert marked == expected and expected
+    assert set(marked) == set(expected) and expected
+    for key, value in marked.items():
+        assert value == f"{text.mib(expected[key])}{tables.TUNER_MARK} ({text.mib(tuned[key[1]])} tuned)"
+    legend = prose.tuner_legend(ops, tuned_from, tuned, data.lik_spike())
+    assert legend.startswith(f"{tables.TUNER_MARK} ") and "includes the autotuner's buffers" in legend
+    for (_, batch, _), total in expected.items():
+        assert (f"B={batch}: {text.mib(total)} MiB, {text.mib(tuned[batch])} MiB tuned, "
+                f"{text.mib(total - tuned[batch])} MiB more on the first call") in legend  # fmt: skip
+    assert "B=1024" in legend and "the record did not run B=1024" in legend  # the record ran B=256 and 512 only
+
+
+def test_the_op_page_says_what_its_tables_show_and_shows_identical_heads_once():
+    """op.md: the sentence before the tables names only the columns they have (no time or speed column where no
+    cell was timed under the timing rule), and heads with the same figures in every cell share one table."""
+    from harness.report import data, tables
+
+    cells, calls = data.load()
+    ops = data.op_level(cells, calls)
+    shown = tables.op_speed_tables(ops, data.tuner_inside_from(data.lik_spike()), tables.tuned_lik_totals(calls))
+    lead = prose.op_tables_lead(shown)
+    timed = not tables.timed(ops).empty
+    has_time = any("median (ms)" in table.columns for table in shown.values())
+    assert has_time == timed and ("the median forward + backward time" in lead) == has_time
+    if not timed:
+        assert "show no time and no speed relative to vanilla" in lead
+        assert all(list(table.columns)[-1] == "held + bwd spike (MiB)" and "median (ms)" not in table.columns
+                   for table in shown.values())  # fmt: skip
+    heads = [head for name in shown for head in tables.shared_heads(name)]
+    assert sorted(heads) == sorted({f"{r.stack.removeprefix('op-')} · {r.regime}" for r in ops.itertuples()})
+    for name in shown:
+        parts = tables.shared_heads(name)
+        if len(parts) > 1:  # shared only where every head's own table is the same
+            assert f"{' and '.join(parts)} have the same figures in every cell" in lead
+            first = op_table_of(ops, parts[0])
+            assert all(op_table_of(ops, head).equals(first) for head in parts[1:])
+    assert any(len(tables.shared_heads(name)) > 1 for name in shown)  # the two negative-CE losses: one table
+
+
+def op_table_of(ops: pd.DataFrame, head: str) -> pd.DataFrame:
+    """One head's memory table alone, its rows as the op page's table lists them."""
+    stack, _, regime = head.partition(" · ")
+    chosen = ops[(ops["stack"] == f"op-{stack}") & (ops["regime"] == regime)]
+    (table,) = tables.op_speed_tables(chosen).values()
+    return table
 
 
 def test_where_each_repeated_pair_ran_is_read_from_their_platform_strings():

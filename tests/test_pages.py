@@ -234,3 +234,18 @@ def test_the_results_table_rows_read_as_words_and_numbers_never_nan():
     assert (ok["peak allocated (GiB)"] != "").all()
     oom = table[table["outcome"].str.startswith("OOM")]
     assert (oom["peak allocated (GiB)"] == "").all() and (oom["failed request (GiB)"] != "").all()
+
+
+def test_the_results_table_names_the_gpu_of_every_time():
+    """No browser: a time is of the GPU its row names; the long run on an H100 is named, not read as an H200's."""
+    from harness.report import data, results_table
+
+    cells = data.all_cells()
+    table = results_table.rows(cells)
+    timed = table[table["time per step (s)"] != ""]
+    assert len(timed) and (timed["GPU"] != "").all() and (timed["GPU"] != "unrecorded").all()
+    names = {str(name).removeprefix("NVIDIA ") for name in cells["device_name"].dropna()}
+    assert set(table["GPU"]) - {"unrecorded"} == names
+    other = timed[~timed["GPU"].str.contains("H200")]
+    assert len(other) == len(cells[(cells["times_comparable"] == True) & (cells["outcome"] == "ok")  # noqa: E712
+                                   & ~cells["device_name"].fillna("").str.contains("H200")])

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from harness import memmodel
 from harness.report import data, predictions, style
 from harness.report.text import regime_label
+from test_book import ROOT
 
 
-def test_the_validation_table_shows_every_search_with_probes_and_its_verdict():
+@pytest.mark.parametrize("allocator", predictions.ALLOCATORS)
+def test_the_validation_table_shows_every_search_with_probes_and_its_verdict(allocator):
     document = predictions.validation()
-    table = pd.concat(predictions.validation_tables(document).values(), ignore_index=True)
-    probed = [row for row in document["validation"] if row["state"] != "not run" and row["allocator"] == "default"]
-    probed.sort(key=lambda row: list(predictions.validation_tables(document)).index(regime_label(row['stack'], row['regime'])))
-    assert len(table) == len(probed)
+    tables = predictions.validation_tables(document, allocator)
+    table = pd.concat(tables.values(), ignore_index=True)
+    probed = [row for row in document["validation"] if row["state"] != "not run" and row["allocator"] == allocator]
+    probed.sort(key=lambda row: list(tables).index(regime_label(row['stack'], row['regime'])))
+    assert len(table) == len(probed) > 0
     missed = [row for row in probed if row["within_goal"] is False]
     assert (table["verdict"].str.startswith("misses")).sum() == len(missed)
     assert (table["verdict"] == "within goal").sum() == sum(row["within_goal"] is True for row in probed)
@@ -23,6 +27,42 @@ def test_the_validation_table_shows_every_search_with_probes_and_its_verdict():
             assert shown["measured"] == str(row["measured_ceiling"]) and shown["resolution"] == row["resolution"]
         else:
             assert shown["verdict"] in ("", "inside its range", "below a batch that trained", "above a batch that failed")
+        running = row["measured_ceiling"] is None and row["measured_fails"] is not None
+        assert shown["measured"].endswith(predictions.SEARCHING_MARK) == running
+        assert not shown["measured"].endswith("*")  # `*` on this page is the cards table's rough margin only
+
+
+def test_every_judged_search_is_in_a_table_the_page_shows():
+    """The page's counts cover both allocators, and each allocator's searches have their own tables: every
+    search the summary counts is a row of one of them, and the per-allocator counts add up to the summary's."""
+    document = predictions.validation()
+    judged = [row for row in document["validation"] if row["within_goal"] is not None]
+    shown = sum(len(table) for allocator in predictions.ALLOCATORS
+                for table in predictions.validation_tables(document, allocator).values())  # fmt: skip
+    assert shown == sum(row["state"] != "not run" for row in document["validation"]) >= len(judged)
+    counts = predictions.judged_by_allocator(document)
+    assert sum(within for within, _ in counts.values()) == document["summary"]["within_goal"]
+    assert sum(total for _, total in counts.values()) == document["summary"]["judged"] == len(judged)
+    text = predictions.summary_words(document)
+    for allocator, (within, total) in counts.items():
+        words = "the default allocator" if allocator == "default" else f"{allocator} segments"
+        assert f"{within} of {total} under {words}" in text
+    page = (ROOT / "book" / "predict.md").read_text()
+    for allocator in predictions.ALLOCATORS:
+        assert f'predictions.validation_tables(document, "{allocator}")' in page
+
+
+def test_each_mark_on_the_page_means_one_thing_and_has_its_legend():
+    document = predictions.validation()
+    probed = [row for row in document["validation"] if row["state"] != "not run"]
+    running = [row for row in probed if row["measured_ceiling"] is None and row["measured_fails"] is not None]
+    legend = predictions.searching_legend(document)
+    assert legend.startswith(f"`{predictions.SEARCHING_MARK}`: a search still running") == bool(running)
+    assert predictions.SEARCHING_MARK != "*"
+    rows = memmodel.table(memmodel.fit(data.read()))
+    assert predictions.misclassifying(rows) == "" or predictions.misclassifying(rows).startswith("`*`: ")
+    page = (ROOT / "book" / "predict.md").read_text()
+    assert "{glue:md}`searching`" in page and "{glue:md}`rough`" in page and "marked `*`" not in page
 
 
 def test_the_summary_counts_what_the_file_counts():
@@ -34,6 +74,12 @@ def test_the_summary_counts_what_the_file_counts():
     worst = summary["worst"]
     if worst["wrong_term"]:
         assert f"predicted {worst['predicted_ceiling']} against a measured {worst['measured_ceiling']}" in text
+    unfinished = [row for row in document["validation"]
+                  if row["within_goal"] is None and row["predicted_ceiling"] is not None and row["measured_fits"]]  # fmt: skip
+    if unfinished:
+        expandable = sum(row["allocator"] == "expandable" for row in unfinished)
+        assert f"Of the {len(unfinished)} searches still running or at a lower bound (" in text
+        assert (f"{expandable} under expandable segments" in text) == bool(expandable)
 
 
 def test_the_cards_table_is_the_models_prediction_marked_where_its_margin_is_rough():

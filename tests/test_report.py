@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.report import data, plots, prose, style, tables, text
+from harness.report import data, plots, prose, style, tables, text, timing
 from harness.results import Timing, write_result
 from test_book import ROOT, committed_book
 from test_results import make_call, make_result, on_gpu
@@ -92,6 +92,34 @@ def test_tables_read_the_results(tmp_path):
     assert prose.headline(cells, "pylate", "grad-checkpoint", 512, "lik") == "27.50 GiB allocated at the step peak · 1.14 s/step"
     figure = plots.plot_op_vram(calls, "op")
     assert sorted(line.get_label() for line in figure.axes[0].lines) == ["lik (×8.0 per doubling)", "vanilla (×4.0 per doubling)"]
+
+
+def _median_and_spread(shown: str) -> tuple[float, float, float]:
+    """'0.455 (0.442–0.466)' (with no-break spaces and hyphens as the tables print them) → (median, p10, p90)."""
+    found = re.fullmatch(r"([0-9.]+) \(([0-9.]+)[–\u2011]([0-9.]+)\)", shown.replace("\u00a0", " "))
+    assert found, shown
+    median, p10, p90 = (float(part) for part in found.groups())
+    return median, p10, p90
+
+
+def test_a_median_is_printed_inside_its_printed_spread():
+    # two decimals for the spread once read 0.999 (1.00–1.00): the median below its own p10
+    assert tables.median_spread(0.9994, 0.9981, 1.0012) == "0.999 (0.998–1.00)"
+    assert tables.median_spread(0.4281, 0.4268, 0.4472, "\u2011") == "0.428 (0.427\u20110.447)"
+    assert tables.median_spread(None, None, None) == "— (—–—)"
+    results = data.results_of(None)
+    cells, _ = data.load(results)
+    steps = tables.step_time_table(cells)["s / step (p10–p90)"]
+    repeats = tables.repeat_table(data.repeats(results))
+    shown = [*steps, *repeats["first run, s (p10–p90)"], *repeats["second run, s (p10–p90)"]]
+    assert len(shown) == len(tables.timed(cells)) + 2 * len(repeats) > 0
+    for printed in shown:
+        median, p10, p90 = _median_and_spread(printed)
+        assert p10 <= median <= p90, printed
+    timed = tables.timed(cells)  # every spread rounded as its median is: three significant digits
+    assert sorted(printed.replace("\u00a0", " ") for printed in steps) == sorted(
+        f"{text.sig(m)} ({text.sig(p10)}\u2011{text.sig(p90)})" for m, p10, p90 in
+        zip(timed["steady_step_time_sec"], timed["steady_step_p10_sec"], timed["steady_step_p90_sec"], strict=True))
 
 
 def test_a_broken_or_foreign_json_is_skipped_and_named_while_the_rest_load(tmp_path):
@@ -187,30 +215,74 @@ def test_ceiling_searches_are_read_from_their_probes_as_typed_rows(tmp_path):
         "at the peak before it)")
 
 
-def test_the_shared_gpu_check_sets_each_probe_beside_its_run_alone(tmp_path):
+def shared_check_results(root, timings):
+    """Ceiling probes at B = 8, 16 and 24 (0.25 s a step, the twin's record of what ran beside it:
+    ``timings[batch]``) and the same probes run again on a shared GPU (0.75, 0.5 and 1.0 s a step; B = 16
+    reserved 2 MiB more at its last step), plus a shared probe at B = 32 with no twin."""
     per_step = dict(step_peak_alloc_per_step_mib=[90.0, 100.0], step_peak_reserved_per_step_mib=[120.0, 130.0])
-    for batch, shared_reserved in ((8, 130.0), (16, 132.0)):
-        write_result(make_result(grid="ceilings", batch_size=batch, **per_step, steady_step_time_sec=0.25),
-                     tmp_path / "ceilings" / f"b{batch}.json")  # fmt: skip
+    for batch, shared_reserved, shared_time in ((8, 130.0, 0.75), (16, 132.0, 0.5), (24, 130.0, 1.0)):
+        write_result(make_result(grid="ceilings", batch_size=batch, **per_step, steady_step_time_sec=0.25,
+                                 timing=timings.get(batch)), root / "ceilings" / f"b{batch}.json")  # fmt: skip
         shared = make_result(grid=data.SHARED_CHECK, batch_size=batch, step_peak_reserved_mib=shared_reserved,
                              **{**per_step, "step_peak_reserved_per_step_mib": [120.0, shared_reserved]},
-                             steady_step_time_sec=0.75 if batch == 8 else 0.5, gpu_share_gib=24.96)  # fmt: skip
-        write_result(shared, tmp_path / "check" / f"b{batch}.json")
-    write_result(make_result(grid=data.SHARED_CHECK, batch_size=32), tmp_path / "check" / "b32.json")  # no twin: left out
-    checks = data.shared_checks(tmp_path)
+                             steady_step_time_sec=shared_time, gpu_share_gib=24.96)  # fmt: skip
+        write_result(shared, root / "check" / f"b{batch}.json")
+    write_result(make_result(grid=data.SHARED_CHECK, batch_size=32), root / "check" / "b32.json")  # no twin: left out
+    return data.shared_checks(root)
+
+
+def test_the_shared_gpu_check_sets_each_probe_beside_its_run_alone(tmp_path):
+    beside = Timing(gpu="0", cpus="0-7", neighbours=1, comparable=True)  # another cell on the host's other cores
+    # B = 8 and 16 recorded alone on their host; B = 24 has no record, so its time is never compared
+    checks = shared_check_results(tmp_path / "two", {8: TIMED, 16: TIMED})
+    assert [check.timed_alone for check in checks] == [True, False, True]  # path order: b16, b24, b8
+    assert [check.slowdown for check in checks] == [2.0, None, 3.0]
     check = tables.sharing_check(checks).set_index("probe")
-    same, moved = "colpali-plain-b8-vanilla-native", "colpali-plain-b16-vanilla-native"
-    assert sorted(check.index) == sorted([same, moved])
+    same, moved, untimed = (f"colpali-plain-b{batch}-vanilla-native" for batch in (8, 16, 24))
+    assert sorted(check.index) == sorted([same, moved, untimed])
     assert check.loc[same, "identical"] == "yes" and check.loc[moved, "identical"] == "no"
     assert check.loc[moved, "peak reserved MiB alone · shared"] == "130 · 132"
     assert check.loc[same, "GiB given on the shared GPU"] == "24.96"
     assert check.loc[same, "steps compared"] == 2
+    assert check.loc[same, "s / step alone · shared"] == "0.25 · 0.75"
+    assert check.loc[untimed, "s / step alone · shared"] == "no record of its host"
     assert prose.sharing_reading(checks) == (
-        "2 probes of one search (colpali · recipe (grad-checkpointed), vanilla, the whole H200, default allocator) run "
-        "again on a shared GPU, beside other probes, gave the same outcome and peaks for only 1 of them, "
-        "as on a GPU they had alone. Their steady step times were 2.0× to 3.0× those they had alone, depending on "
-        "what ran beside them.")  # fmt: skip
+        "3 probes of one search (colpali · recipe (grad-checkpointed), vanilla, the whole H200, default allocator) run "
+        "again on a shared GPU, beside other probes, gave the same outcome and peaks for only 2 of them, as the same "
+        "probes run without `--share-gpu`. Against the 2 of those runs that record having their GPU and host to "
+        "themselves, the shared runs' steady step times were 2.0× to 3.0×, depending on what ran beside them.")  # fmt: skip
+    # one twin recorded alone (B = 16: another beside B = 8 on the host) is too few: bytes only, no time column
+    checks = shared_check_results(tmp_path / "one", {8: beside, 16: TIMED})
+    assert sum(check.timed_alone for check in checks) == 1 < data.TIMED_TWINS_NEEDED
+    assert data.timed_checks(checks) == []
+    assert "s / step alone · shared" not in tables.sharing_check(checks)
+    assert prose.sharing_reading(checks).endswith(
+        "as the same probes run without `--share-gpu`. Step times may be compared only between cells that owned their "
+        "host, and only 1 of those 3 runs without `--share-gpu` records that it had its GPU and host to itself (a "
+        "comparison needs at least 2 such runs with step times): the check compares bytes only, not step times.")
+    # no twin with a record (every committed one today): bytes only
+    checks = shared_check_results(tmp_path / "none", {})
+    assert [check.slowdown for check in checks] == [None, None, None]
+    assert list(tables.sharing_check(checks).columns)[-1] == "identical"
+    assert prose.sharing_reading(checks).endswith(
+        "none of those 3 runs without `--share-gpu` records that it had its GPU and host to itself: the check "
+        "compares bytes only, not step times.")
     assert prose.sharing_reading(data.shared_checks(tmp_path / "nothing")) == "No shared-GPU check has been committed yet."
+
+
+def test_the_committed_shared_gpu_check_compares_times_only_against_twins_recorded_alone():
+    checks = data.shared_checks()
+    recorded = [check for check in checks if check.alone.timed_alone]
+    table = tables.sharing_check(checks)
+    text = prose.sharing_reading(checks)
+    assert len(table) == len(checks) > 0 and (table["identical"] == "yes").sum() == sum(c.identical for c in checks)
+    if len(recorded) < data.TIMED_TWINS_NEEDED:
+        assert "s / step alone · shared" not in table and "×" not in text
+        assert text.endswith("the check compares bytes only, not step times.")
+    else:
+        slowdowns = [check.shared.steady_step_time_sec / check.alone.steady_step_time_sec for check in recorded
+                     if check.shared.steady_step_time_sec and check.alone.steady_step_time_sec]  # fmt: skip
+        assert f"{min(slowdowns):.1f}× to {max(slowdowns):.1f}×" in text
 
 
 def test_the_cross_card_check_sets_each_probe_beside_its_h200_twin(tmp_path):
@@ -262,7 +334,14 @@ def test_seeds_of_a_batch_run_beside_others_are_compared_per_backend():
         "PyLate batches whose seeds all trained on a shared GPU (same shapes, run at different moments beside "
         "different neighbours) with identical allocated and reserved peaks for every seed: flash 0 of 1, lik 1 of 1.")
     assert prose.shared_seed_agreement(probes.iloc[5:7]) == ""
-    assert prose.shared_probe_count(probes).startswith("7 of the 9 committed probes were run under `--share-gpu`")
+    assert prose.shared_probe_count(probes) == (
+        "7 of the 9 committed probes were run under `--share-gpu`, beside whatever else fitted at the time. Of the "
+        "other 2, 2 have no record of what ran beside them (they predate that record).")  # no timing columns: no record
+    recorded = probes.assign(timing_recorded=[True] * 5 + [True, False] + [True] * 2,
+                             timed_alone=[False] * 5 + [True, False] + [False] * 2)  # fmt: skip
+    assert prose.shared_probe_count(recorded).endswith(
+        "Of the other 2, 1 records that it had the GPU and the host to itself and 1 has no record of what ran beside it "
+        "(it predates that record).")
 
 
 @pytest.mark.pylate
@@ -271,6 +350,7 @@ def test_op_level_cells_give_a_speed_table_and_a_speedup_plot(tmp_path):
     from harness.spec import OpSpec, with_fields
 
     folder = tmp_path / "anywhere"
+    expected = set()
     for batch in (2, 4):
         spec = OpSpec(stack="op-pylate", head="inbatch", batch_size=batch, reps=4, warmup=1, rotate=2, query_length=6,
                       doc_length=10, device="cpu")  # fmt: skip
@@ -284,13 +364,19 @@ def test_op_level_cells_give_a_speed_table_and_a_speedup_plot(tmp_path):
         lik = with_fields(vanilla.spec, variant="lik")
         fused = vanilla.model_copy(update={
             "spec": lik, "cell_id": lik.cell_id, "steady_step_time_sec": vanilla.steady_step_time_sec / 2,
+            "step_times_sec": [t / 2 for t in vanilla.step_times_sec],
             "maxsim_calls_isolated": [c.model_copy(update={"variant": "lik"}) for c in vanilla.maxsim_calls_isolated],
         })  # fmt: skip
         write_result(fused, folder / f"b{batch}-lik.json")
+        steady = [vanilla.step_times_sec[i] for i in vanilla.steady_steps]
+        ratio = timing.ratio(steady, [t / 2 for t in steady])
+        assert ratio.value == pytest.approx(2.0)
+        expected.add(timing.ratio_words(ratio, compact=True))  # the speed with its bootstrap 95% interval
     cells, calls = data.load(tmp_path)
     ops = data.op_level(cells, calls)
     table = tables.op_speed_table(ops)
-    assert len(table) == 4 and set(table["speedup vs vanilla"]) == {"", "2.00×"}
+    assert len(table) == 4 and set(table[tables.SPEED]) == {"", *expected}
+    assert all(words.startswith("2.00× faster (") for words in expected)
     assert all(table["held + bwd spike (MiB)"] != "")
     assert list(tables.op_speed_tables(ops)) == ["pylate · inbatch"]
     untimed = ops.assign(times_comparable=False)  # measured before the timing rule: memory only

@@ -244,8 +244,15 @@ def published_op(published: pd.DataFrame) -> pd.DataFrame:
 
 
 def ceiling_probes(source: Source = None) -> pd.DataFrame:
-    """Every committed ceiling probe, one row each, with its backend label."""
-    return with_backend(frame_of(results_of(source).of(CEILINGS)))
+    """Every committed ceiling probe, one row each, with its backend label, and what it records of what ran
+    beside it (the timing rule, :mod:`harness.host`): ``timing_recorded`` (it has that record at all) and
+    ``timed_alone`` (it had its GPU and its host to itself)."""
+    items = results_of(source).of(CEILINGS)
+    probes = with_backend(frame_of(items))
+    if not probes.empty:
+        probes["timing_recorded"] = [result.timing is not None for _, result in items]
+        probes["timed_alone"] = [result.timed_alone for _, result in items]
+    return probes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -536,10 +543,17 @@ def group_by(rows: Sequence[SearchRow], *fields: str, sort: bool = False) -> dic
 # ---- the shared-GPU check ------------------------------------------------------------------------
 
 
+# the fewest check probes whose twin records that it owned its host (CellResult.timed_alone) for the
+# check to set step times side by side: fewer give no range of slowdowns, and the check is of bytes only
+TIMED_TWINS_NEEDED = 2
+
+
 @dataclasses.dataclass(frozen=True)
 class SharedCheck:
     """A ceiling probe run again on a shared GPU (grid ``shared-gpu-check``) beside the same probe
-    (same cell id) committed from a GPU it had alone (grid ``ceilings``)."""
+    (same cell id) committed from a run without ``--share-gpu`` (grid ``ceilings``). Only a twin whose
+    result records that it had its GPU and its host to itself (:attr:`timed_alone`) lends its step
+    time to a comparison; the bytes compare whatever the twin recorded."""
 
     shared: CellResult
     alone: CellResult
@@ -563,10 +577,23 @@ class SharedCheck:
             alone.outcome, alone.step_peak_alloc_mib, alone.step_peak_reserved_mib)  # fmt: skip
 
     @property
+    def timed_alone(self) -> bool:
+        """Whether the twin's result records that it had its GPU and its host to itself (the timing rule,
+        :mod:`harness.host`): only then may its step time be compared."""
+        return self.alone.timed_alone
+
+    @property
     def slowdown(self) -> float | None:
-        """The shared run's steady step time over the one it had alone."""
+        """The shared run's steady step time over its twin's, where the twin is recorded alone (else None)."""
         shared, alone = self.shared.steady_step_time_sec, self.alone.steady_step_time_sec
-        return None if shared is None or alone is None else shared / alone
+        return None if shared is None or alone is None or not self.timed_alone else shared / alone
+
+
+def timed_checks(checks: Sequence[SharedCheck]) -> list[SharedCheck]:
+    """The checks whose step times may be set side by side: those whose twin is recorded alone, or none
+    where fewer than :data:`TIMED_TWINS_NEEDED` are."""
+    timed = [check for check in checks if check.timed_alone]
+    return timed if len(timed) >= TIMED_TWINS_NEEDED else []
 
 
 def shared_checks(source: Source = None) -> list[SharedCheck]:
@@ -679,9 +706,26 @@ def repeats(source: Source = None) -> list[tuple[CellResult, CellResult]]:
     return pairs
 
 
+def cap_pairs(source: Source = None) -> list[tuple[CellResult, CellResult]]:
+    """Every pair of runs of one cell, among all the report's results, that differ only in a memory cap
+    (:func:`harness.report.timing.cap_pairs`), the smaller cap's run first."""
+    return timing.cap_pairs([result for _, result in results_of(source).found])
+
+
+def cap_twins(source: Source = None) -> list[tuple[CellResult, CellResult]]:
+    """The cap pairs whose cap bound neither run (:func:`harness.report.timing.cap_twins`): the same
+    recipe, backend, batch, allocator and seed on the same GPU model, both step peaks (reserved) at most
+    :data:`~harness.report.timing.CAP_UNBOUND_SHARE` of the smaller cap."""
+    return timing.cap_twins([result for _, result in results_of(source).found])
+
+
 def run_noise(source: Source = None) -> timing.RunNoise:
-    """How far a second run moved a cell's median step time, per stack and regime, from :func:`repeats`."""
-    return timing.run_noise(repeats(source))
+    """How far a second run moved a cell's median step time, per stack and regime: the widest gap over
+    the repeats (:func:`repeats`) and the cap twins (:func:`cap_twins`), each pair's gap relative to its
+    first run (the published grid's; the smaller cap's). A twin is a run again as much as a repeat is:
+    the cap it differs in never came near its step peak, so it changed nothing the step time depends on."""
+    results = results_of(source)
+    return timing.run_noise([*repeats(results), *cap_twins(results)])
 
 
 def lik_spike(path: Path = LIK_SPIKE) -> list[dict[str, object]]:

@@ -12,6 +12,7 @@ from typing import Any, cast
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -108,53 +109,76 @@ def _caps(cards: Iterable[str]) -> set[float]:
     return {cap for card in cards if (cap := CARDS[card].usable_gib)}
 
 
+def probe_figures(probes: pd.DataFrame) -> list[tuple[tuple[str, str, str], pd.DataFrame]]:
+    """The probes per stack, regime and card, as :func:`plot_probe_peaks` draws them one figure each: stacks
+    and regimes in the order the results list them, each one's cards smallest first."""
+    if probes.empty:
+        return []
+    groups = {(str(stack), str(regime), str(card)): group
+              for (stack, regime, card), group in probes.groupby(["stack", "regime", "card"], sort=False)}  # fmt: skip
+    regimes = list(dict.fromkeys((stack, regime) for stack, regime, _ in groups))
+    cards = cards_in_order(card for _, _, card in groups)
+    cards += sorted({card for _, _, card in groups} - set(cards))  # a card the spec does not know: last
+    return [((stack, regime, card), groups[(stack, regime, card)]) for stack, regime in regimes for card in cards
+            if (stack, regime, card) in groups]  # fmt: skip
+
+
 def plot_probe_peaks(probes: pd.DataFrame, title: str) -> Figure:
     """One card's probes, a panel per allocator: each probe's step peak allocated (filled) and
     reserved (open) against its batch, a probe that ran out of memory at its pre-OOM reserved peak
-    (×), and the card's usable memory. The gap between a probe's two markers is its fragmentation.
-    Each backend has its own marker and a small sideways offset, so equal peaks stay visible."""
+    (open, × inside), and the card's usable memory. The gap between a probe's two markers is its fragmentation.
+    Every marker sits at its probe's own batch: backends that probed the same batch are told apart by
+    their marker's shape and size, the larger drawn first, so equal peaks all stay visible."""
     done = probes[probes["outcome"].isin(["ok", "oom"])]
     allocators = [name for name in ("default", "expandable") if (done["allocator"] == name).any()]
     panels = max(len(allocators), 1)
-    figure, axes = plt.subplots(1, panels, figsize=(8.4 if panels > 1 else 6.2, 4.8), sharex=True, sharey=True,
-                                squeeze=False)  # fmt: skip
+    figure, axes = plt.subplots(1, panels, figsize=(8.4, 4.8), sharex=True, sharey=True, squeeze=False)
     backends = style.in_order(done["backend"].unique())
-    spread = 0.012 * (done["batch_size"].max() if not done.empty else 1)
+    caps: list[Line2D] = []
     for axis, allocator_name in zip(axes[0], allocators, strict=False):
         mine = done[done["allocator"] == allocator_name]
-        for i, backend in enumerate(backends):
-            _probe_markers(axis, mine[mine["backend"] == backend], backend, i, (i - (len(backends) - 1) / 2) * spread)
+        for backend in backends:
+            _probe_markers(axis, mine[mine["backend"] == backend], backend)
         cap = mine["memory_limit_mib"].max() * GIB_PER_MIB
         if not missing(cap):
-            axis.axhline(cap, color="grey", linestyle="--", linewidth=1, label=f"usable {cap:.2f} GiB")
+            axis.axhline(cap, color="grey", linestyle="--", linewidth=1)
+            caps = caps or [Line2D([], [], color="grey", linestyle="--", linewidth=1, label=f"usable {cap:.2f} GiB")]
         axis.set_title(f"{allocator_name} allocator")
         axis.set_xlabel("batch size")
         axis.grid(True, alpha=0.3)
         style.ticks(axis)
     axes[0][0].set_ylabel("step peak (GiB)")
-    handles = [Line2D([], [], color=style.colour(b), marker=style.look(b).marker, linestyle="none", label=b) for b in backends]
-    handles += [
-        Line2D([], [], color="black", marker="o", linestyle="none", label="allocated (filled)"),
-        Line2D([], [], color="black", marker="o", markerfacecolor="white", linestyle="none", label="reserved (open)"),
-        Line2D([], [], color="black", marker="x", linestyle="none", label="out of memory: reserved before it"),
+    keys: list[Artist | tuple[Artist, ...]] = [
+        Line2D([], [], color="black", marker="o", linestyle="none"),
+        Line2D([], [], color="black", marker="o", markerfacecolor="white", linestyle="none"),
+        (
+            Line2D([], [], color="black", marker="o", markersize=8, markerfacecolor="none", linestyle="none"),
+            Line2D([], [], color="black", marker="x", markersize=4, linestyle="none"),
+        ),
+        *caps,
     ]
-    handles += [line for line in axes[0][0].get_lines() if line.get_label().startswith("usable")]  # fmt: skip
-    columns = 4
-    figure.legend(handles=handles, loc="lower center", ncol=columns, fontsize=style.LEGEND_PT, frameon=False)
-    figure.suptitle(title)
-    legend_rows = -(-len(handles) // columns)
-    figure.tight_layout(rect=(0, (0.1 + 0.2 * legend_rows) / 4.8, 1, 1))  # the legend's rows, ~0.2 in each
+    words = ["allocated (filled)", "reserved (open)", "out of memory: reserved before it", *[str(c.get_label()) for c in caps]]
+    style.legend_rows(figure, [[style.handle(b) for b in backends], keys], [backends, words])
+    figure.suptitle(title, fontsize=11)
+    figure.tight_layout(rect=(0, 0.55 / 4.8, 1, 1))  # the legend's two rows below the panels
     return figure
 
 
-def _probe_markers(axis: plt.Axes, rows: pd.DataFrame, backend: str, index: int, shift: float) -> None:
-    """One backend's probes on one panel: allocated (filled), reserved (open), out of memory (×)."""
+def _probe_markers(axis: Axes, rows: pd.DataFrame, backend: str) -> None:
+    """One backend's probes on one panel, each at its own batch: allocated (filled), reserved (open), and a
+    probe that ran out of memory at the reserved memory it held before (open, with a × inside: the backend's
+    own shape, so two backends' failures at one batch both show)."""
     ok, oom = rows[rows["outcome"] == "ok"], rows[rows["outcome"] == "oom"]
-    colour, marker = style.colour(backend), style.look(backend).marker
-    axis.scatter(ok["batch_size"] + shift, ok["step_peak_alloc_mib"] * GIB_PER_MIB, color=colour, marker=marker)
-    axis.scatter(ok["batch_size"] + shift, ok["step_peak_reserved_mib"] * GIB_PER_MIB, facecolors="none",
-                 edgecolors=colour, marker=marker)  # fmt: skip
-    axis.scatter(oom["batch_size"] + shift, oom["pre_oom_reserved_mib"] * GIB_PER_MIB, color=colour, marker="x")
+    look, zorder = style.look(backend), style.layer(backend)  # a larger marker under a smaller one
+    area = look.size**2  # ``scatter`` sizes are areas (points²); ``plot``'s are widths
+    axis.scatter(ok["batch_size"], ok["step_peak_alloc_mib"] * GIB_PER_MIB, color=look.colour, marker=look.marker, s=area,
+                 zorder=zorder)  # fmt: skip
+    axis.scatter(ok["batch_size"], ok["step_peak_reserved_mib"] * GIB_PER_MIB, facecolors="none", edgecolors=look.colour,
+                 marker=look.marker, s=area, zorder=zorder)  # fmt: skip
+    failed = oom["pre_oom_reserved_mib"] * GIB_PER_MIB
+    axis.scatter(oom["batch_size"], failed, color=look.colour, marker="x", s=area / 2, linewidths=1.1, zorder=zorder)
+    axis.scatter(oom["batch_size"], failed, facecolors="none", edgecolors=look.colour, marker=look.marker, s=area * 2,
+                 zorder=zorder)  # fmt: skip
 
 
 def plot_ceiling_bars(searches: Sequence[SearchRow], title: str) -> Figure:
@@ -296,13 +320,13 @@ def plot_op_speedup(ops: pd.DataFrame, title: str) -> Figure:
 
 
 def plot_loss_curves(panels: Sequence[tuple[str, dict[str, list[float]]]]) -> Figure:
-    """Training parity: one row per stack, regime and batch; every backend's loss per step (left) and
-    its |Δloss| against vanilla's at the same step (right, log scale; vanilla has none)."""
+    """Training parity: one row per stack, regime and batch, titled across the row; every backend's loss per step
+    (left) and its |Δloss| against vanilla's at the same step (right, log scale; vanilla has none)."""
     rows = max(len(panels), 1)
-    figure, axes = plt.subplots(rows, 2, figsize=(10, 2.7 * rows + 0.6), squeeze=False)
+    figure = plt.figure(figsize=(10, 2.9 * rows + 0.5), layout="constrained")
     shown: dict[str, Any] = {}
-    for row, (title, curves) in enumerate(panels):
-        left, right = axes[row]
+    for subfigure, (title, curves) in zip(figure.subfigures(rows, 1, squeeze=False)[:, 0], panels, strict=False):
+        left, right = subfigure.subplots(1, 2)
         base = curves.get("vanilla")
         for backend in style.in_order(curves):
             look, losses = style.look(backend), curves[backend]
@@ -314,17 +338,16 @@ def plot_loss_curves(panels: Sequence[tuple[str, dict[str, list[float]]]]) -> Fi
                 n = min(len(base), len(losses))
                 gaps = np.abs(np.asarray(losses[:n]) - np.asarray(base[:n]))
                 right.plot(steps[:n], np.maximum(gaps, 1e-6), color=look.colour, linewidth=1.3)
-        left.set_title(f"{title}: loss", fontsize=10)
-        right.set_title(f"{title}: |loss − vanilla's|", fontsize=10)
+        subfigure.suptitle(title, fontsize=10)  # one title per row: two long titles side by side overlap
         right.set_yscale("log")
         left.set_ylabel("training loss")
+        right.set_ylabel("|loss − vanilla's|")
         for axis in (left, right):
+            axis.set_xlabel("optimizer step")
             style.ticks(axis)
             axis.grid(alpha=0.3)
-    for axis in axes[-1]:
-        axis.set_xlabel("optimizer step")
     if shown:
-        figure.legend(list(shown.values()), list(shown), loc="lower center", ncol=len(shown), fontsize=style.LEGEND_PT + 1,
-                      frameon=False)  # fmt: skip
-    figure.tight_layout(rect=(0, 0.05 if rows > 1 else 0.1, 1, 1))
+        order = style.in_order(shown)
+        figure.legend([shown[b] for b in order], order, loc="outside lower center", ncol=len(order),
+                      fontsize=style.LEGEND_PT + 1, frameon=False)  # fmt: skip
     return figure

@@ -13,7 +13,8 @@ import pandas as pd
 
 from harness.memmodel import OTHER_CARDS, VALIDATION, MemoryModel, ModelError, fit
 from harness.report import data, style
-from harness.report.text import ceiling_text, nowrap, percent, regime_label
+from harness.report.text import allocator_words, ceiling_text, joined, nowrap, percent, regime_label
+from harness.spec import ALLOCATORS as SPEC_ALLOCATORS
 from harness.spec import CARDS
 
 
@@ -43,20 +44,37 @@ def _card(name: str) -> str:
     return OTHER_CARDS[name].label.split(" (")[0] if name in OTHER_CARDS else name
 
 
+SEARCHING_MARK = "§"  # follows a measured range whose search is still running (the cards table's `*` is a rough margin)
+ALLOCATORS = tuple(SPEC_ALLOCATORS)  # the validation tables, in the page's order: default, then expandable
+
+
+def searching_legend(document: dict[str, Any]) -> str:
+    """The legend line of :data:`SEARCHING_MARK`, where a validation table shows one (else empty)."""
+    if not any(_measured(row).endswith(SEARCHING_MARK) for row in document["validation"] if row["state"] != "not run"):
+        return ""
+    return (f"`{SEARCHING_MARK}`: a search still running; its measured range is where its ceiling can still end, and "
+            "its verdict says where the prediction lies against it.")  # fmt: skip
+
+
+def _measured(row: dict[str, Any]) -> str:
+    """A search's measured ceiling: the batch, '≥ 96' (at the search's limit) or '84–99§' (still running)."""
+    if row["measured_ceiling"] is not None:
+        return str(row["measured_ceiling"])
+    if row["measured_fails"] is None:
+        return f"≥ {row['measured_fits']}"
+    return f"{row['measured_fits']}–{row['measured_fails'] - 1}{SEARCHING_MARK}"
+
+
 def validation_tables(document: dict[str, Any], allocator: str = "default") -> dict[str, pd.DataFrame]:
-    """Per stack · regime, one row per ceiling search that has probes: measured (a range marked ``*``
-    while it runs) and the search's resolution, predicted without its card's cells, the error, and the verdict (which
-    term misses where it misses; for a search still running, where the prediction lies)."""
+    """Per stack · regime, one row per ceiling search under ``allocator`` that has probes: measured (a range
+    marked :data:`SEARCHING_MARK` while it runs) and the search's resolution, predicted without its card's
+    cells, the error, and the verdict (which term misses where it misses; for a search still running, where
+    the prediction lies)."""
     tables: dict[str, list[dict[str, object]]] = {}
     for row in document["validation"]:
         if row["state"] == "not run" or row["allocator"] != allocator:
             continue
-        if row["measured_ceiling"] is not None:
-            measured = str(row["measured_ceiling"])
-        elif row["measured_fails"] is None:
-            measured = f"≥ {row['measured_fits']}"
-        else:
-            measured = f"{row['measured_fits']}–{row['measured_fails'] - 1}*"
+        measured = _measured(row)
         predicted = "—" if row["predicted_ceiling"] is None else str(row["predicted_ceiling"])
         if row["within_goal"] is None:
             verdict = "" if row["predicted_ceiling"] is None else _inside(row)
@@ -81,22 +99,47 @@ def _inside(row: dict[str, Any]) -> str:
     return "inside its range"
 
 
+def judged_by_allocator(document: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Per allocator (in :data:`ALLOCATORS` order), the finished searches the validation judged and how many
+    of them are within the goal: allocator → (within, judged)."""
+    counts: dict[str, tuple[int, int]] = {}
+    for allocator in ALLOCATORS:
+        judged = [row for row in document["validation"] if row["allocator"] == allocator and row["within_goal"] is not None]
+        if judged:
+            counts[allocator] = (sum(row["within_goal"] is True for row in judged), len(judged))
+    return counts
+
+
+def _under(allocator: str) -> str:
+    """'under the default allocator', 'under expandable segments'."""
+    return f"under {'the ' if allocator == 'default' else ''}{allocator_words(allocator)}"
+
+
 def summary_words(document: dict[str, Any]) -> str:
-    """The validation in words: how many finished searches are within the goal, the worst miss and its cause."""
+    """The validation in words: how many finished searches are within the goal, in all and under each
+    allocator (each has its own tables on the page), the worst miss and its cause, and how many searches
+    still running have their prediction where they can still end, per allocator too."""
     summary = document["summary"]
+    scope = joined([f"{within} of {judged} {_under(allocator)}"
+                    for allocator, (within, judged) in judged_by_allocator(document).items()])  # fmt: skip
     text = (f"Leaving each card out, {summary['within_goal']} of the {summary['judged']} finished ceiling searches are "
-            "predicted within one search resolution or 5% of the measured batch, whichever is larger.")  # fmt: skip
+            f"predicted within one search resolution or 5% of the measured batch, whichever is larger: {scope}, each "
+            "allocator's searches in its own tables below.")  # fmt: skip
     worst = summary.get("worst")
     if worst and worst.get("wrong_term"):
-        text += (f" The worst is {worst['search_id']}: predicted {worst['predicted_ceiling']} against a measured "
+        where = next((row["allocator"] for row in document["validation"] if row["search_id"] == worst["search_id"]), None)
+        under = "" if where is None else f" ({_under(where)})"
+        text += (f" The worst is {worst['search_id']}{under}: predicted {worst['predicted_ceiling']} against a measured "
                  f"{worst['measured_ceiling']} ({percent(100 * worst['error_fraction'], '+.0f')}); the wrong term is the "
                  f"{worst['wrong_term']} ({worst['note']}).")  # fmt: skip
     unfinished = [row for row in document["validation"]
                   if row["within_goal"] is None and row["predicted_ceiling"] is not None and row["measured_fits"]]  # fmt: skip
     if unfinished:
         inside = sum(_inside(row) == "inside its range" for row in unfinished)
-        text += (f" Of the {len(unfinished)} searches still running or at a lower bound, {inside} have their prediction "
-                 "where the search can still end.")  # fmt: skip
+        split = joined([f"{count} {_under(allocator)}" for allocator in ALLOCATORS
+                        if (count := sum(row["allocator"] == allocator for row in unfinished))])  # fmt: skip
+        text += (f" Of the {len(unfinished)} searches still running or at a lower bound ({split}), {inside} "
+                 f"{'has its' if inside == 1 else 'have their'} prediction where the search can still end.")  # fmt: skip
     return text
 
 

@@ -6,14 +6,18 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from harness.report import style, timing
+from harness.report import claims, style, timing
 from harness.report.data import (
     GIB_PER_MIB,
+    PUBLISHED_GRID,
+    TIMED_TWINS_NEEDED,
     UNRECORDED,
     CardCheck,
     SearchRow,
     SeedEffect,
     SharedCheck,
+    Source,
+    _cell_specs,
     backend_label,
     find_search,
     finished,
@@ -23,8 +27,17 @@ from harness.report.data import (
     matching,
     probes_of,
     published_op,
+    results_of,
+    timed_checks,
 )
-from harness.report.tables import call_tokens, largest_call, timed
+from harness.report.tables import (
+    PUBLISHED_QUERY_RANGE,
+    QUERY_CALIBRATION,
+    QueryCalibration,
+    call_tokens,
+    largest_call,
+    timed,
+)
 from harness.report.text import (
     LOADER_MARK,
     LONG_RUN_MARK,
@@ -42,6 +55,7 @@ from harness.report.text import (
     joined,
     missing,
     oom_held_mib,
+    oom_in_use_mib,
     percent,
     ran_out_of_host_memory,
     regime_label,
@@ -231,20 +245,33 @@ def ceiling_gains(searches: Sequence[SearchRow], stack: str, regime: str, card: 
 
 
 def sharing_reading(checks: Sequence[SharedCheck]) -> str:
-    """The shared-GPU check (:func:`harness.report.data.shared_checks`) in words."""
+    """The shared-GPU check (:func:`harness.report.data.shared_checks`) in words: the bytes against the same
+    probes run without ``--share-gpu``, and step times only against twins recorded with their GPU and
+    host to themselves (:func:`harness.report.data.timed_checks`) — where too few are, the check is said
+    to compare bytes only."""
     if not checks:
         return "No shared-GPU check has been committed yet."
     same = sum(check.identical for check in checks)
     verdict = "the same outcome and the same peaks to the byte, step by step," if same == len(checks) else (
         f"the same outcome and peaks for only {same} of them,")  # fmt: skip
     searches = "; ".join(sorted(_search_words(check) for check in {_search_key(check): check for check in checks}.values()))
-    text = (f"{len(checks)} probes of {searches} run again on a shared GPU, beside other probes, gave {verdict} as on "
-            "a GPU they had alone.")  # fmt: skip
-    slowdown = [check.slowdown for check in checks if check.slowdown is not None]
+    text = (f"{len(checks)} probes of {searches} run again on a shared GPU, beside other probes, gave {verdict} as the "
+            "same probes run without `--share-gpu`.")  # fmt: skip
+    timed = timed_checks(checks)
+    slowdown = [check.slowdown for check in timed if check.slowdown is not None]
     if slowdown:
-        text += (f" Their steady step times were {min(slowdown):.1f}× to {max(slowdown):.1f}× those they had alone, "
-                 "depending on what ran beside them.")  # fmt: skip
-    return text
+        return text + (f" Against the {len(slowdown)} of those runs that record having their GPU and host to themselves, "
+                       f"the shared runs' steady step times were {min(slowdown):.1f}× to {max(slowdown):.1f}×, depending "
+                       "on what ran beside them.")  # fmt: skip
+    recorded = sum(check.timed_alone for check in checks)
+    if recorded == 0:
+        which = f"none of those {len(checks)} runs without `--share-gpu` records"
+    else:
+        which = (f"only {recorded} of those {len(checks)} runs without `--share-gpu` "
+                 f"{'records' if recorded == 1 else 'record'}")  # fmt: skip
+    needed = "" if recorded == 0 else f" (a comparison needs at least {TIMED_TWINS_NEEDED} such runs with step times)"
+    return text + (f" Step times may be compared only between cells that owned their host, and {which} that it had its "
+                   f"GPU and host to itself{needed}: the check compares bytes only, not step times.")  # fmt: skip
 
 
 def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, int]) -> str:
@@ -314,12 +341,37 @@ def sharing_coverage(checks: Sequence[SharedCheck], probes: pd.DataFrame) -> str
 
 
 def shared_probe_count(probes: pd.DataFrame) -> str:
-    """How many committed probes ran under ``--share-gpu``, in words."""
+    """How many committed probes ran under ``--share-gpu``, in words, and of the others how many record
+    that they had the GPU and the host to themselves (``timed_alone``), record that they did not, or have
+    no record of what ran beside them (``timing_recorded`` false: measured before the timing rule)."""
     if probes.empty:
         return ""
-    shared = int(probes["gpu_share_gib"].notna().sum())
-    return (f"{shared} of the {len(probes)} committed probes were run under `--share-gpu`, beside whatever "
-            "else fitted at the time; the others had the GPU alone.")
+    beside = probes["gpu_share_gib"].notna()
+    others = probes[~beside]
+    text = (f"{int(beside.sum())} of the {len(probes)} committed probes were run under `--share-gpu`, beside whatever "
+            "else fitted at the time.")  # fmt: skip
+    if others.empty:
+        return text
+
+    def flag(column: str) -> pd.Series:
+        return others[column].fillna(False).astype(bool) if column in others else pd.Series(False, index=others.index)
+
+    recorded = flag("timing_recorded")
+    alone = flag("timed_alone") & recorded
+    parts = []
+    count = int(alone.sum())
+    if count:
+        parts.append(f"{count} {'records that it' if count == 1 else 'record that they'} had the GPU and the host to "
+                     f"{'itself' if count == 1 else 'themselves'}")  # fmt: skip
+    count = int((recorded & ~alone).sum())
+    if count:
+        parts.append(f"{count} {'records that it' if count == 1 else 'record that they'} did not have both to "
+                     f"{'itself' if count == 1 else 'themselves'}")  # fmt: skip
+    count = int((~recorded).sum())
+    if count:
+        parts.append(f"{count} {'has' if count == 1 else 'have'} no record of what ran beside "
+                     f"{'it (it predates' if count == 1 else 'them (they predate'} that record)")  # fmt: skip
+    return text + f" Of the other {len(others)}, " + joined(parts) + "."
 
 
 def shared_seed_agreement(probes: pd.DataFrame) -> str:
@@ -473,6 +525,48 @@ def oom_cause(row: pd.Series) -> str:
                 f"{moment}: no free block was large enough (fragmentation), though the memory was there")  # fmt: skip
     return (f"the {request * GIB_PER_MIB:.2f} GiB request was larger than all the reserved memory free — {moment} — "
             "and the cap let no more be reserved")  # fmt: skip
+
+
+def outside_allocator(source: Source = None) -> str:
+    """What the committed out-of-memory messages from the H200 say our processes held outside PyTorch's
+    allocator (the memory in use less what PyTorch had reserved: the CUDA context and what else the cell
+    loaded), as a range in words: why the emulated cards' context is not a constant."""
+    outside = []
+    for _, result in results_of(source).found:
+        if result.env is None or "H200" not in (result.env.device_name or ""):
+            continue
+        in_use, held = oom_in_use_mib(result.oom_message), oom_held_mib(result.oom_message)
+        if in_use is not None and held is not None:
+            outside.append((in_use - held[0] - held[1]) * GIB_PER_MIB)
+    if not outside:
+        return ("Whether the context is a constant of the card is not read yet: no committed out-of-memory message from "
+                "the H200 says what its process held outside PyTorch's allocator.")  # fmt: skip
+    return (f"Nor is the context a constant of the card: in the {len(outside)} out-of-memory messages of the committed "
+            f"cells on the H200, the memory our own processes held there outside PyTorch's allocator was "
+            f"{span(min(outside), max(outside), '.2f')} GiB, depending on what a cell loaded.")  # fmt: skip
+
+
+def query_calibration(calibration: QueryCalibration = QUERY_CALIBRATION) -> str:
+    """What the synthetic ColQwen2 queries are set to give against the published run's padded lengths
+    (:class:`harness.report.tables.QueryCalibration`, which a test measures), in words; the steps of the
+    published run are those of the grid that reproduces it (``grids/published.yaml``)."""
+    low, high = PUBLISHED_QUERY_RANGE
+    steps = sorted({spec.steps for spec in _cell_specs(PUBLISHED_GRID).values()
+                    if spec.stack == "colpali" and spec.batch_size == calibration.batch})  # fmt: skip
+    over = f", over its {joined([str(step) for step in steps])} steps" if steps else ""
+    centre = (low + high) / 2
+    middle = ", the centre of that range," if calibration.median[0] <= centre <= calibration.median[1] else ""
+
+    def share(bounds: tuple[float, float]) -> str:
+        return f"{span(100 * bounds[0], 100 * bounds[1], '.3g')}%"
+
+    seeds = joined([str(seed) for seed in calibration.seeds])
+    return (f"The published run's batches of {calibration.batch} padded their queries (text plus the collator's "
+            f"{calibration.augmentation} augmentation tokens) to {low}–{high} tokens{over}; the generator is set so "
+            f"that over {calibration.batches} independent batches of {calibration.batch} for each of the grids' seeds "
+            f"{seeds} the median batch pads to {span(*calibration.median, 'g')} tokens{middle} "
+            f"{share(calibration.inside)} land inside it and {share(calibration.above)} above it (a test measures "
+            "these ranges with the offline tokenizer).")  # fmt: skip
 
 
 # ---- a grid cell beside the ceiling probes of its batch ------------------------------------------
@@ -717,7 +811,7 @@ def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
                 ours_gib = mine["step_peak_alloc_mib"] * GIB_PER_MIB
                 deltas.append(100 * (ours_gib - ref["step_peak_alloc_gib"]) / ref["step_peak_alloc_gib"])
             if not pd.isna(ref["steady_step_time_sec"]) and not timed(ours.iloc[:1]).empty:
-                times.append(mine["steady_step_time_sec"] / ref["steady_step_time_sec"])
+                times.append(timing.ratio(mine["steady_times_sec"], [ref["steady_step_time_sec"]]))
     compared = agree + len(differ)
     if not compared:
         return ""
@@ -739,9 +833,14 @@ def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
     else:
         sentences.append(f"The outcome (trained or out of memory) agrees at all {compared} published cells")
     if times:
-        sentences.append(f"Our steady step times are {span(min(times), max(times), '.2f')}× the published ones "
-                         f"({len(times)} cells): the H200 is not the H100, so compare backends within one run, not "
-                         "across the two")  # fmt: skip
+        values = [ratio.value for ratio in times]
+        low, high = min(ratio.low for ratio in times), max(ratio.high for ratio in times)
+        digits = ".3f" if span(low, high, ".2f") == span(min(values), max(values), ".2f") else ".2f"
+        interval = span(low, high, digits)
+        sentences.append(f"Our steady step times are {span(min(values), max(values), digits)}× the published ones "
+                         f"({len(times)} cells; {interval} with each cell's bootstrap 95% interval, which is our median's "
+                         "alone: a published time is one figure, with no spread): the H200 is not the H100, so compare "
+                         "backends within one run, not across the two")  # fmt: skip
     return ". ".join(sentences) + "."
 
 
@@ -783,11 +882,12 @@ def published_op_reading(calls: pd.DataFrame, published: pd.DataFrame, backend: 
     return text
 
 
-def published_failure(published: pd.DataFrame, cells: pd.DataFrame | None = None) -> str:
+def published_failure(published: pd.DataFrame, evidence: claims.Evidence | None = None) -> str:
     """A published out-of-memory cell beside the backends that trained its batch, from the published
     figures: the request, what was allocated and reserved at its peak, and the peaks of those that
-    trained; with ``cells``, our grid cell of that batch read the same way (reserved − allocated at the
-    peak before it ran out) and whether the two agree within :data:`MEMORY_TOLERANCE`."""
+    trained; with ``evidence`` (:func:`harness.report.claims.evidence`), the memory reserved but not
+    allocated, published and ours, read at both moments (:func:`harness.report.claims.oom_reading`, the
+    reading the claims page shows)."""
     if published.empty:
         return ""
     failed = published[(published["outcome"] == "oom") & published["step_peak_alloc_gib"].notna()]
@@ -797,33 +897,19 @@ def published_failure(published: pd.DataFrame, cells: pd.DataFrame | None = None
     others = published[(published["batch_size"] == ref["batch_size"]) & (published["outcome"] == "ok")
                        & published["step_peak_alloc_gib"].notna()]  # fmt: skip
     backend = backend_label(ref["variant"], ref["score_mini_batch_size"])
-    unallocated = ref["step_peak_reserved_gib"] - ref["step_peak_alloc_gib"]
-    than = "more than" if unallocated > ref["oom_request_gib"] else "less than"
     text = (f"in the published run {backend} scoring ran out of memory at B={ref['batch_size']} asking for "
             f"{ref['oom_request_gib']:.2f} GiB with {ref['step_peak_alloc_gib']:.2f} GiB allocated and "
-            f"{ref['step_peak_reserved_gib']:.2f} GiB reserved at its peak — {unallocated:.2f} GiB reserved but not "
-            f"allocated, {than} the request")  # fmt: skip
+            f"{ref['step_peak_reserved_gib']:.2f} GiB reserved at its peak")  # fmt: skip
     for _, other in others.iterrows():
         text += (f", while {backend_label(other['variant'], other['score_mini_batch_size'])} trained the same batch at "
                  f"{other['step_peak_alloc_gib']:.2f} GiB allocated "
                  f"({other['step_peak_reserved_gib']:.2f} GiB reserved)")  # fmt: skip
-    mine = _grid_cell(cells, str(ref["stack"]), str(ref["regime"]), int(ref["batch_size"]), backend, str(ref["card"])) \
-        if cells is not None else None  # fmt: skip
-    if mine is not None and mine["outcome"] == "oom" and not missing(mine["pre_oom_reserved_mib"]):
-        ours = (mine["pre_oom_reserved_mib"] - mine["pre_oom_alloc_mib"]) * GIB_PER_MIB
-        verdict = ("the same figure" if same_memory(unallocated * 1024, ours * 1024)
-                   else f"{percent(100 * (ours - unallocated) / unallocated)} off it")  # fmt: skip
-        text += (f". Ours, read the same way (reserved − allocated at the peak before our grid cell of that batch ran "
-                 f"out of memory): {ours:.2f} GiB, {verdict} (within {MEMORY_TOLERANCE})")  # fmt: skip
+    if evidence is not None:
+        reading = claims.oom_reading(evidence, str(ref["stack"]), str(ref["regime"]), int(ref["batch_size"]), backend,
+                                     str(ref["card"]))  # fmt: skip
+        if reading:
+            text += ". " + reading.removesuffix(".")
     return text
-
-
-MEMORY_TOLERANCE = "±2.5% or 16 MiB"  # the published-claims page's tolerance for a memory figure (claims.TOLERANCES)
-
-
-def same_memory(published_mib: float, ours_mib: float) -> bool:
-    """Whether two memory figures agree within :data:`MEMORY_TOLERANCE`: 2.5% of the published one or 16 MiB."""
-    return abs(ours_mib - published_mib) <= max(0.025 * abs(published_mib), 16.0)
 
 
 # ---- shapes and what fails first -----------------------------------------------------------------
@@ -899,7 +985,8 @@ def ceiling_reach(searches: Sequence[SearchRow], stack: str, regime: str, alloca
 def speed_ratios(cells: pd.DataFrame, fused: str = "lik", from_batch: int = 64, noise: float | None = None) -> str:
     """A fused backend's steady step speed relative to vanilla over every batch and card both trained
     and were timed under the timing rule, in words; with ``noise`` (the regime's run-to-run noise,
-    :class:`harness.report.timing.RunNoise`), a ratio within it is not named as a difference."""
+    :class:`harness.report.timing.RunNoise`), a ratio is named as a difference only where its whole 95%
+    interval lies outside 1 ± that noise (:meth:`harness.report.timing.Ratio.beyond`)."""
     if cells.empty:
         return ""
     ok = timed(cells)
@@ -923,14 +1010,13 @@ def speed_ratios(cells: pd.DataFrame, fused: str = "lik", from_batch: int = 64, 
         text += f" ({span(large)} from B={from_batch} up)"
     times = ok.set_index(["card", "batch_size", "backend"])["steady_times_sec"]
     intervals = {key: timing.ratio(times[(*key, "vanilla")], times[(*key, fused)]) for key in ratio.index}
-    beyond = {key: value for key, value in intervals.items()
-              if value.measurable and (noise is None or abs(value.value - 1) > noise)}  # fmt: skip
+    beyond = {key: value for key, value in intervals.items() if value.beyond(noise)}
     measurable = [f"B={batch}: {timing.ratio_words(value)}" for (_, batch), value in beyond.items()]
-    within = "" if noise is None else f" or lies within the run-to-run noise ({100 * noise:.1f}%)"
+    within = "" if noise is None else f" or reaches into 1 ± the run-to-run noise (±{100 * noise:.1f}%)"
     if not measurable:
-        return text + f"; every pair's 95% interval holds 1{within}: no measurable difference"
-    return (text + f"; measurable where the 95% interval excludes 1{' and lies beyond that noise' if within else ''} — "
-            + ", ".join(measurable))  # fmt: skip
+        return text + f"; every pair's 95% interval holds 1{within}: no {'' if within else 'measurable '}difference"
+    where = " lies wholly outside 1 ± that noise" if within else " excludes 1"
+    return text + f"; measurable where the 95% interval{where} — " + ", ".join(measurable)
 
 
 def fused_failure_places(searches: Sequence[SearchRow]) -> str:
@@ -981,16 +1067,19 @@ def published_time_lead(table: pd.DataFrame, published: pd.DataFrame) -> str:
     page never shows a heading over an empty table."""
     if not table.empty:
         return ("The published step times beside ours, for the cells both runs timed (the published run on an H100 "
-                "80 GB, ours on an H200 capped to that card's memory but not to its speed):")  # fmt: skip
+                "80 GB, ours on an H200 capped to that card's memory but not to its speed). The interval of ours ÷ "
+                "published is our median's bootstrap 95% interval: a published time is one figure, with no spread to "
+                "resample:")  # fmt: skip
     if published.empty or published["step_sec"].isna().all():
         return "The published run gives no step time for this regime, so there is none to set beside ours."
     return "None of the cells the published run timed has a cell of ours timed under the timing rule yet."
 
 
-def published_time_reading(cells: pd.DataFrame, published: pd.DataFrame) -> str:
+def published_time_reading(cells: pd.DataFrame, published: pd.DataFrame, noise: timing.RunNoise | None = None) -> str:
     """The published speed ratios between backends at one batch beside ours (timed cells only), and
     the ratio of the two ratios, in words. A pair is a fused or chunking backend against vanilla,
-    or against chunking where vanilla ran out of memory."""
+    or against chunking where vanilla ran out of memory. With ``noise`` (the run-to-run noise), ours
+    is named faster or slower only where its interval lies wholly outside 1 ± its regime's noise."""
     ok = timed(cells)
     refs = published.copy()
     if ok.empty or refs.empty:
@@ -1008,12 +1097,23 @@ def published_time_reading(cells: pd.DataFrame, published: pd.DataFrame) -> str:
                 continue
             published_speed = theirs[base] / seconds
             ours = timing.ratio(mine[base], mine[backend])
-            parts.append(f"at B={batch}, {backend} against {base}: published {published_speed:.2f}×, ours "
-                         f"{timing.ratio_words(ours)}, ratio of ratios {ours.value / published_speed:.2f}")  # fmt: skip
+            band = None if noise is None else noise.of(str(group["stack"].iloc[0]), str(group["regime"].iloc[0]))
+            of_ratios = timing.Ratio(ours.value / published_speed, ours.low / published_speed, ours.high / published_speed)
+            parts.append(f"at B={batch}, {backend} against {base}: published {published_speed:.2f}× (no interval), ours "
+                         f"{timing.ratio_words(ours, noise=band)}, "
+                         f"ratio of ratios {_ratio_interval(of_ratios)}")  # fmt: skip
     if not parts:
         return ""
     return ("Speed against the reference backend at the same batch (the published run on an H100 80 GB, ours on an "
-            "H200 capped to that card, so only ratios within each run compare): " + "; ".join(parts) + ".")  # fmt: skip
+            "H200 capped to that card, so only ratios within each run compare; a published ratio is of two single "
+            "published times, which give no spread, so it has no interval, and the ratio of ratios carries ours): "
+            + "; ".join(parts) + ".")  # fmt: skip
+
+
+def _ratio_interval(ratio: timing.Ratio) -> str:
+    """'0.98 (0.97–0.99)': a ratio with its 95% interval, three decimals where two would read as one number."""
+    digits = 3 if f"{ratio.low:.2f}" == f"{ratio.high:.2f}" and ratio.low != ratio.high else 2
+    return f"{ratio.value:.{digits}f} ({ratio.low:.{digits}f}–{ratio.high:.{digits}f})"
 
 
 def repeat_reading(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:
@@ -1069,34 +1169,84 @@ def repeat_hosts(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:
     return "Where the two runs of a pair ran: " + "; ".join(parts) + "."
 
 
-def interval_scope(pairs: Sequence[tuple[CellResult, CellResult]], cells: pd.DataFrame, fused: str = "lik") -> str:
-    """What a speed ratio's 95% interval covers, against the repeats: it resamples the steady steps of one
-    run of each cell, so it is the noise within a run; a second run of the same cell moved its median
-    by the repeats' gaps. Names the timed ratios of ``fused`` against vanilla whose distance from 1 is
-    within the widest repeat gap (a second run could change them), computed from the cells."""
-    gaps = [gap for _, _, _, gap in timing.repeat_gaps(pairs)]
-    if not gaps:
+def cap_twin_reading(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:
+    """Which runs of one cell under two memory caps (:func:`harness.report.data.cap_pairs`) count as
+    repeats — those the cap bound in neither run (:func:`harness.report.timing.cap_unbound`) — with the
+    rule, how many per stack and regime, the widest gap of each and the pair it comes from, and the pairs
+    left out with their step peak against the smaller cap, in words."""
+    twins = [pair for pair in pairs if timing.cap_unbound(*pair)]
+    bound = [pair for pair in pairs if not timing.cap_unbound(*pair)]
+    if not pairs:
         return ""
-    widest = max(gaps)
+    devices = sorted({first.env.device_name or first.env.device for first, _ in pairs if first.env is not None})
+    text = (f"Two runs of one cell under two memory caps count as repeats too, where the cap bound neither: the "
+            f"same recipe, backend, batch, allocator and seed on the same GPU model ({joined(devices)}), both runs' "
+            f"step peaks (reserved) at most {100 * timing.CAP_UNBOUND_SHARE:.0f}% of the smaller cap, so that cap "
+            "never made the allocator free its cache or fail and the runs differ in nothing that sets the step time")  # fmt: skip
+    widest: dict[tuple[str, str], tuple[float, CellResult, CellResult]] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for (first, second), (_, _, _, gap) in zip(twins, timing.repeat_gaps(twins), strict=True):
+        key = (first.stack, first.regime)
+        counts[key] = counts.get(key, 0) + 1
+        if key not in widest or gap > widest[key][0]:
+            widest[key] = (gap, first, second)
+    if widest:
+        parts = [f"{regime_label(*key)}: {counted(counts[key], 'pair')}, medians apart by up to {100 * gap:.1f}%, at "
+                 f"B={first.batch_size} {first.spec.variant} on {card_short(first.card)} against {card_short(second.card)}"
+                 for key, (gap, first, second) in sorted(widest.items())]  # fmt: skip
+        text += ". Such twins, per recipe — " + "; ".join(parts)
+    if bound:
+        left = [f"{regime_label(first.stack, first.regime)} B={first.batch_size} {first.spec.variant} (step peak "
+                f"{GIB_PER_MIB * max(first.step_peak_reserved_mib or 0, second.step_peak_reserved_mib or 0):.1f} GiB "
+                f"of the {GIB_PER_MIB * (timing.cap_mib(first) or 0):.1f} GiB cap)" for first, second in bound]  # fmt: skip
+        text += f". Left out, the cap near the step peak: {', '.join(left)}"
+    return text + "."
+
+
+def interval_scope(noise: timing.RunNoise, cells: pd.DataFrame, fused: str = "lik") -> str:
+    """What a speed ratio's 95% interval covers, against the run-to-run noise: it resamples the steady
+    steps of one run of each cell, so it is the noise within a run; a second run of the same cell (a
+    repeat or a cap twin, :class:`harness.report.timing.RunNoise`) moved its median by up to each
+    recipe's noise. Says which noise applies to which recipe (a recipe timed here without a pair of its
+    own takes the widest), and names the timed ratios of ``fused`` against vanilla whose interval
+    excludes 1 but not its recipe's noise band (1 ± noise), computed from the cells."""
+    if not noise.by_regime or noise.widest is None:
+        return ""
+    per = [f"{regime_label(stack, regime)} {100 * gap:.1f}% (over {counted(noise.pairs.get((stack, regime), 0), 'pair')})"
+           for (stack, regime), gap in sorted(noise.by_regime.items())]  # fmt: skip
     text = (f"A speed ratio's 95% interval resamples the steady steps of one run of each cell: it is the noise within "
-            f"a run, not between runs. Between two runs of the same cell the median moved by "
-            f"{100 * min(gaps):.1f}–{100 * widest:.1f}% here, so a ratio closer to 1 than {100 * widest:.1f}% is within "
-            "what a second run of either cell could change, however narrow its interval")  # fmt: skip
+            f"a run, not between runs. Between two runs of the same cell (a repeat or a cap twin) the median moved, per "
+            f"recipe, by up to {'; '.join(per)}")  # fmt: skip
     ok = timed(cells)
+    if not ok.empty:
+        ok = ok[ok["allocator"] == "default"]
+    regimes = set() if ok.empty else {(str(stack), str(regime)) for stack, regime in zip(ok["stack"], ok["regime"], strict=True)}
+    few = [f"{regime_label(*key)} ({100 * gap:.1f}% over {counted(pairs, 'pair')} of {counted(n, 'cell')})"
+           for key, (gap, pairs, n) in sorted(noise.too_few.items()) if key in regimes]  # fmt: skip
+    without = [regime_label(*key) for key in sorted(regimes) if key not in noise.by_regime and key not in noise.too_few]
+    if few:
+        text += (f"; {joined(few)} {'has' if len(few) == 1 else 'have'} pairs of fewer than "
+                 f"{counted(timing.NOISE_MIN_CELLS, 'cell')}, which say how one cell repeats, not the recipe, so "
+                 f"{'it takes' if len(few) == 1 else 'they take'} the widest, {100 * noise.widest:.1f}%")  # fmt: skip
+    if without:
+        text += (f"; {joined(without)}, with no pair of {'its' if len(without) == 1 else 'their'} own, "
+                 f"{'takes' if len(without) == 1 else 'take'} the widest, {100 * noise.widest:.1f}%")  # fmt: skip
+    text += (". Each recipe's speed ratios are read against its own noise: a ratio is named faster or slower only "
+             "where its whole interval lies outside 1 ± that noise, since a second run of either cell could move it "
+             "that far however narrow its interval; otherwise it reads no difference")  # fmt: skip
     if ok.empty:
         return text + "."
-    ok = ok[ok["allocator"] == "default"]
     within = []
     for (stack, regime, card, batch), group in ok.groupby(["stack", "regime", "card", "batch_size"]):
         times = dict(zip(group["backend"], group["steady_times_sec"], strict=False))
         if "vanilla" in times and fused in times:
             ratio = timing.ratio(list(times["vanilla"]), list(times[fused]))
-            if ratio.measurable and abs(ratio.value - 1) < widest:
-                within.append(f"{regime_label(str(stack), str(regime))} B={batch} on {card_short(str(card))} "
-                              f"({ratio.value:.2f}×)")  # fmt: skip
+            if ratio.measurable and not ratio.beyond(noise.of(str(stack), str(regime))):
+                within.append(f"{regime_label(str(stack), str(regime))} B={batch} on {card_short(str(card))}, "
+                              f"{ratio.value:.2f}× ({ratio.low:.2f}–{ratio.high:.2f})")  # fmt: skip
     if within:
-        text += (f". Of the measurable {fused} ratios against vanilla, {len(within)} are that close to 1: "
-                 + ", ".join(within))  # fmt: skip
+        text += (f". Of the {fused} ratios against vanilla whose interval excludes 1, {len(within)} reach into their "
+                 "recipe's noise and so read no difference: " + ", ".join(within))  # fmt: skip
     return text + "."
 
 
@@ -1160,6 +1310,71 @@ def lik_spike_reading(experiments: Sequence[dict[str, object]], ops: pd.DataFram
     return (lead + check + ". Once tuned, the same call takes what a training cell's replay reads (" + "; ".join(parts)
             + "). The harness now measures a call again when an autotuner ran during it; the committed op cells "
             "predate that, so their lik backward spikes at B ≥ 256 include the tuner.")  # fmt: skip
+
+
+def op_tables_lead(shown: Mapping[str, pd.DataFrame]) -> str:
+    """What the op page's per-head tables (:func:`harness.report.tables.op_speed_tables`) show, read from
+    their columns: times and the speed relative to vanilla only where a table has them; which heads
+    share a table."""
+    if not shown:
+        return ""
+    columns = {column for table in shown.values() for column in table.columns}
+    memory = "the head's memory in every cell: what it holds for backward plus its backward spike (MiB)"
+    if "median (ms)" in columns:
+        negatives = " and negatives" if "negatives" in columns else ""
+        text = (f"One table per head: the median forward + backward time (ms) with its 10th–90th percentile spread and "
+                f"the speed relative to vanilla at the same batch{negatives} with its bootstrap 95% interval, both only "
+                f"for cells timed under the timing rule (see the methodology), and {memory}.")  # fmt: skip
+        untimed = [name for name, table in shown.items() if "median (ms)" not in table.columns]
+        if untimed:
+            text += f" No cell of {' or '.join(untimed)} was timed under that rule, so its table shows memory only."
+    else:
+        text = (f"One table per head, with {memory}. No cell here was timed under the timing rule (see the "
+                "methodology), so the tables show no time and no speed relative to vanilla.")  # fmt: skip
+    from harness.report.tables import shared_heads
+
+    for name in shown:
+        heads = shared_heads(name)
+        if len(heads) > 1:
+            text += (f" {' and '.join(heads)} have the same figures in every cell, so one table shows "
+                     f"{'both' if len(heads) == 2 else 'them all'}.")  # fmt: skip
+    return text
+
+
+def tuner_legend(ops: pd.DataFrame, tuned_from: int | None, tuned: Mapping[int, float],
+                 experiments: Sequence[dict[str, object]]) -> str:  # fmt: skip
+    """The legend of :data:`harness.report.tables.TUNER_MARK` on the op page, from the cells it marks
+    (:func:`harness.report.tables.tuner_inside`): why their memory includes the autotuner's buffers, at
+    which batches the lik-spike record saw it, and for each marked cell its figure, the same call's once
+    tuned (``tuned``, :func:`harness.report.tables.tuned_lik_totals`) and the difference. Empty where no
+    cell is marked."""
+    from harness.report.tables import TUNER_MARK, tuner_inside
+    from harness.report.text import mib
+
+    marked = ops[[tuner_inside(row, tuned_from) for _, row in ops.iterrows()]] if not ops.empty else ops
+    if marked.empty:
+        return ""
+    seen = sorted({int(str(row["batch"])) for row in experiments if row.get("swept_in_bwd")})
+    batches = sorted(int(batch) for batch in marked["batch_size"])
+    unseen = [batch for batch in batches if batch not in seen]
+    text = (f"{TUNER_MARK} PyLate's lik head at B ≥ {tuned_from}: measured on the op cell's first call, before the "
+            "harness measured again a call during which a kernel autotuned, so the figure is not lik's own memory "
+            f"alone. Where the lik-spike record below ran that call (B={' and '.join(str(b) for b in seen)}), Triton "
+            "autotuned lik's backward kernels inside it and allocated its cache-flush buffer for every configuration "
+            "it timed: the figure includes the autotuner's buffers")  # fmt: skip
+    text += (f"; the record did not run B={' or '.join(str(b) for b in unseen)}, where what the first call adds is "
+             "not attributed." if unseen else ".")  # fmt: skip
+    parts = []
+    for _, row in marked.sort_values("batch_size").iterrows():
+        batch, total = int(row["batch_size"]), float(row["total_mib"])
+        if batch in tuned:
+            parts.append(f"B={batch}: {mib(total)} MiB, {mib(tuned[batch])} MiB tuned, {mib(total - tuned[batch])} MiB "
+                         "more on the first call")  # fmt: skip
+    if parts:
+        text += (" In brackets, the same call's memory once its kernels were tuned, as a PyLate training cell's replay "
+                 "of the same query and document shapes measured it (the record shows a tuned call reads what that "
+                 f"replay reads): {'; '.join(parts)}.")  # fmt: skip
+    return text
 
 
 def stack_page_timing(cells: pd.DataFrame) -> str:

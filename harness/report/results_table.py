@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from harness.report.data import GIB_PER_MIB, backend_label
-from harness.report.text import failed_request, missing, regime_words, significant
+from harness.report.text import failed_request, gpu_words, missing, regime_words, significant
 
 TABLE_ID = "all-cells"
 
@@ -41,6 +41,9 @@ COLUMNS = [
     Column("batch", "batch_size", title="Training batch size (queries per step)"),
     Column("backend", "backend", choose=True, title="MaxSim backend: vanilla, lik, flash, or vanilla + chunk N"),
     Column("card", "card", choose=True, title="The card profile the cell was capped to; native: the whole device"),
+    Column("GPU", "gpu_text", choose=True,
+           title="The GPU the cell ran on, as its result records it: its times are that GPU's (an H100's are not an "
+                 "H200's, whatever the card it was capped to)"),
     Column("allocator", "allocator", choose=True, title="PyTorch CUDA allocator setting"),
     Column("seed", "seed"),
     Column("outcome", "outcome_text", choose=True, title="ok, or where the step ran out of memory"),
@@ -51,8 +54,10 @@ COLUMNS = [
     Column("reserved − allocated (GiB)", "fragmentation_mib", scale=GIB_PER_MIB,
            title="Reserved minus allocated at the step peak: the allocator's fragmentation"),
     Column("time per step (s)", "steady_step_time_sec", scale=1.0,
-           title="Median over the steady (post-warm-up) steps; only for a cell timed alone (the timing rule)"),
-    Column("samples / s", "samples_per_sec", scale=1.0, title="Only for a cell timed alone (the timing rule)"),
+           title="Median over the steady (post-warm-up) steps, on the GPU of its row; only for a cell timed alone "
+                 "(the timing rule)"),
+    Column("samples / s", "samples_per_sec", scale=1.0,
+           title="On the GPU of its row; only for a cell timed alone (the timing rule)"),
     Column("times", "times_text", choose=True,
            title="'timed alone': the cell had its GPU and CPU cores to itself, so its times are the card's and are "
                  "shown; 'not shown': it shared its host (or has no record of it), so its times are left out"),
@@ -76,6 +81,11 @@ def request_gib(message: object) -> str:
     return significant(float(found.group(1)) * (GIB_PER_MIB if found.group(2) == "MiB" else 1.0))
 
 
+def gpu_text(name: object) -> str:
+    """'NVIDIA H100 80GB HBM3' → 'H100 80GB HBM3'; 'unrecorded' for a result that does not name its GPU."""
+    return "unrecorded" if missing(name) or not name else gpu_words(str(name))
+
+
 def outcome_text(row: pd.Series) -> str:
     """'ok', 'OOM in MaxSim op', 'OOM elsewhere', or the outcome as recorded."""
     if row["outcome"] == "oom":
@@ -91,6 +101,7 @@ def rows(cells: pd.DataFrame) -> pd.DataFrame:
         outcome_text=cells.apply(outcome_text, axis=1) if len(cells) else [],
         oom_request=[request_gib(m) for m in cells["oom_message"]],
         times_text=[TIMED if alone else NOT_TIMED for alone in _alone(cells)],
+        gpu_text=[gpu_text(name) for name in (cells["device_name"] if "device_name" in cells else [None] * len(cells))],
         regime_text=[regime_words(str(stack), str(regime))
                      for stack, regime in zip(cells["stack"], cells["regime"], strict=True)],
     ).sort_values(ORDER, na_position="first")

@@ -29,10 +29,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from harness import op_bytes
 from harness.grid import load_grid
 from harness.report import data, style, tables, timing
+from harness.report.decision import regime_name
 from harness.report.text import STACK_NAMES, card_short, cards_in_order, counted, joined, nowrap, seed_words
 from harness.results import CellResult
 from harness.search import MIN_STEPS
@@ -205,7 +207,7 @@ def formula_gap_mib(calls: pd.DataFrame) -> float | None:
     return max(gaps)
 
 
-def gradcache_reading(cells: pd.DataFrame, calls: pd.DataFrame) -> list[str]:
+def gradcache_reading(cells: pd.DataFrame, calls: pd.DataFrame, noise: float | None = None) -> list[str]:
     """The page's first screen: what ran, whether the fused kernels reached the cached loss, whether
     the MaxSim grid sets the step peak at the measured batches, what they cost in time, and where
     vanilla's score call alone would fill each card (predicted)."""
@@ -233,7 +235,7 @@ def gradcache_reading(cells: pd.DataFrame, calls: pd.DataFrame) -> list[str]:
                         + " score calls recorded, on the whole H200)." if not missed else
                         "**not** in " + ", ".join(r.cell_id for r in missed) + "."))  # fmt: skip
     lines += _peak_sentences(ran, calls)
-    lines += _time_sentences(chosen)
+    lines += _time_sentences(chosen, noise)
     found = vanilla_reference(cells, calls)
     if found is not None:
         call, _ = found
@@ -276,14 +278,16 @@ def _peak_sentences(ran: pd.DataFrame, calls: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _time_sentences(chosen: pd.DataFrame) -> list[str]:
+def _time_sentences(chosen: pd.DataFrame, noise: float | None = None) -> list[str]:
+    """Each timed batch's speed against vanilla, read against ``noise`` (the regime's run-to-run noise,
+    :meth:`harness.report.timing.RunNoise.of`): a ratio inside 1 ± noise reads no difference."""
     lines = []
     for (card, batch), group in tables.timed(chosen).groupby(["card", "batch_size"], sort=True):
         vanilla = group[group["backend"] == "vanilla"]
         if vanilla.empty or len(group) < 2:
             continue
         reference = list(vanilla["steady_times_sec"].iloc[0])
-        parts = [f"{row['backend']}: {timing.ratio_words(timing.ratio(reference, list(row['steady_times_sec'])))}"
+        parts = [f"{row['backend']}: {timing.ratio_words(timing.ratio(reference, list(row['steady_times_sec'])), noise=noise)}"
                  for _, row in group.iterrows() if row["backend"] != "vanilla"]  # fmt: skip
         lines.append(f"Step time at B = {batch} on the {card_short(str(card))} card, each cell timed alone, against "
                      f"vanilla's median {np.median(reference):.2f} s per step (bootstrap 95% intervals): "
@@ -312,18 +316,22 @@ def plot_gradcache(cells: pd.DataFrame, calls: pd.DataFrame) -> Figure | None:
         axis.plot(row["batch_size"], row["forward_transient_peak_mib"] / GIB_MIB, marker="o", fillstyle="none",
                   color=style.colour(str(row["backend"])), markersize=9, linestyle="none")  # fmt: skip
     ok = chosen[chosen["outcome"] == "ok"]
-    for k, backend in enumerate(style.in_order(ok["backend"].unique())):
-        mine = ok[ok["backend"] == backend].groupby("batch_size")["step_peak_alloc_mib"].max()
+    measured = style.in_order(ok["backend"].unique())
+    peaks = ok.groupby(["backend", "batch_size"])["step_peak_alloc_mib"].max() / GIB_MIB
+    for batch in sorted(ok["batch_size"].unique()):  # a thin guide at the batch the markers beside it measured
+        here = peaks.xs(batch, level="batch_size")
+        axis.plot([batch, batch], [here.min() / 1.12, here.max() * 1.12], color="grey", linewidth=0.8, zorder=2)
+    for k, backend in enumerate(measured):  # equal peaks at one batch: side by side, centred on that batch
+        mine = peaks.xs(backend, level="backend")
         look = style.look(backend)
-        shift = 2 ** (0.03 * (k - 1.5))
-        axis.plot(mine.index.to_numpy() * shift, mine.to_numpy() / GIB_MIB, marker=look.marker, markersize=look.size,
-                  color=look.colour, linestyle="none", label=f"{backend}: step peak, measured")  # fmt: skip
+        axis.plot(mine.index.to_numpy(), mine.to_numpy(), marker=look.marker, markersize=look.size, color=look.colour,
+                  linestyle="none", label=f"{backend}: step peak, measured", transform=style.dodge(axis, k, len(measured)),
+                  zorder=3)  # fmt: skip
     for name, card in CARDS.items():
         if card.usable_gib is None or name in ("a100-40gb", "l40s-48gb"):
             continue
         axis.axhline(card.usable_gib, color="grey", linestyle=":", linewidth=1)
         axis.text(600, card.usable_gib * 1.04, f"{card_short(name)}: {card.usable_gib} GiB", fontsize=8, color="dimgrey")
-    axis.plot([], [], marker="o", fillstyle="none", color="black", linestyle="none", label="score call, replay (measured)")
     axis.set_xscale("log", base=2)
     axis.set_yscale("log", base=2)
     axis.set_xticks([512, 1024, 4096, 16384, 65536], ["512", "1024", "4096", "16384", "65536"])
@@ -334,7 +342,13 @@ def plot_gradcache(cells: pd.DataFrame, calls: pd.DataFrame) -> Figure | None:
     axis.set_title("GradCache: vanilla's score call (predicted, lines) and step peaks (measured)", fontsize=10)
     axis.grid(True, which="major", alpha=0.3)
     style.ticks(axis)
-    style.legend(axis)
+    backends = style.in_order(set(measured) | set(labels.values()))
+    keys = [Line2D([], [], color="black", linestyle="--"), Line2D([], [], color="black", marker="o", fillstyle="none",
+            markersize=9, linestyle="none"), Line2D([], [], color="black", marker="o", linestyle="none")]  # fmt: skip
+    words = ["score call, predicted", "score call, replay (measured)",
+             "step peak, measured\n(side by side around its B)"]  # fmt: skip
+    axis.legend([style.handle(b) for b in backends] + keys, backends + words, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                fontsize=style.LEGEND_PT, frameon=False)  # fmt: skip
     figure.tight_layout()
     return figure
 
@@ -514,7 +528,7 @@ def plot_scaling(rows: Sequence[Scaling], card: str = GATHER_CARD) -> Figure | N
         return None
     columns = 2
     lines = -(-len(groups) // columns)
-    figure, axes = plt.subplots(lines, columns, figsize=(10.5, 3.4 * lines), squeeze=False, sharex=True)
+    figure, axes = plt.subplots(lines, columns, figsize=(10.5, 3.8 * lines), squeeze=False, sharex=True)
     usable = CARDS[card].usable_gib
     for axis, recipe_rows in zip(axes.flat, groups.values(), strict=False):
         for row in recipe_rows:
@@ -528,16 +542,16 @@ def plot_scaling(rows: Sequence[Scaling], card: str = GATHER_CARD) -> Figure | N
                 if mib is None:
                     continue
                 axis.plot(world, mib / GIB_MIB, marker="X" if outcome == "oom" else look.marker, color=look.colour,
-                          markersize=look.size + 1, linestyle="none",
+                          markersize=look.size + 1, linestyle="none", zorder=style.layer(row.recipe.backend),
                           label=f"{row.recipe.backend}, measured" if world == 1 else None)  # fmt: skip
-        if usable:
+        if usable:  # named in the legend, not on the axes, where a line could run through its words
             axis.axhline(usable, color="grey", linestyle=":", linewidth=1)
-            axis.text(1.05, usable * 0.93, f"{card_short(card)} usable: {usable} GiB", fontsize=8, color="dimgrey", va="top")
         axis.set_xscale("log", base=2)
         axis.set_ylim(0, None)
         axis.set_xticks(list(WORLDS), [str(w) for w in WORLDS])
         axis.minorticks_off()
-        axis.set_title(recipe_name(recipe_rows[0].recipe), fontsize=10)
+        recipe = recipe_rows[0].recipe
+        axis.set_title(f"{regime_name(recipe.stack, recipe.regime)}\nB = {recipe.batch} per rank", fontsize=10)
         axis.set_xlabel("GPUs W")
         axis.set_ylabel("per-rank step peak (GiB)")
         axis.grid(True, which="major", alpha=0.3)
@@ -549,10 +563,12 @@ def plot_scaling(rows: Sequence[Scaling], card: str = GATHER_CARD) -> Figure | N
         for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
     backends = style.in_order({label.split(",")[0] for label in handles})
-    order = sorted(handles, key=lambda label: (backends.index(label.split(",")[0]), label))
-    figure.legend([handles[label] for label in order], order, loc="upper center", ncol=min(len(order), 4),
-                  fontsize=style.LEGEND_PT, frameon=False, bbox_to_anchor=(0.5, 1.0))  # fmt: skip
-    figure.tight_layout(rect=(0, 0, 1, 1 - 0.5 / (3.4 * lines)))
+    kinds = [[handles[f"{b}, {kind}"] for b in backends if f"{b}, {kind}" in handles] for kind in ("measured", "predicted")]
+    if usable:
+        kinds[0].append(Line2D([], [], color="grey", linestyle=":", linewidth=1,
+                               label=f"{card_short(card)} usable: {usable} GiB"))  # fmt: skip
+    style.legend_rows(figure, kinds, loc="upper center", bbox_to_anchor=(0.5, 1.0))
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.55 / (3.8 * lines)))
     return figure
 
 
@@ -612,9 +628,10 @@ def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow]
     return text
 
 
-def against_checkpointing(cells: pd.DataFrame) -> str:
+def against_checkpointing(cells: pd.DataFrame, noise: float | None = None) -> str:
     """GradCache's step time beside gradient checkpointing's at the same batch, backend and card,
-    for every pair timed alone, in words (empty where none is)."""
+    for every pair timed alone, in words (empty where none is); ``noise`` is the wider of the two
+    regimes' run-to-run noise, inside which a ratio reads no difference."""
     if cells.empty:
         return ""
     timed = tables.timed(cells)
@@ -630,7 +647,7 @@ def against_checkpointing(cells: pd.DataFrame) -> str:
         ratio = timing.ratio(list(row["steady_times_sec"]), list(other["steady_times_sec"]))
         parts.append(f"{row['backend']} at B = {row['batch_size']} on the {card_short(str(row['card']))} card: "
                      f"{row['steady_step_time_sec']:.2f} s against {other['steady_step_time_sec']:.2f} s "
-                     f"({timing.ratio_words(ratio, faster='longer', slower='shorter')})")  # fmt: skip
+                     f"({timing.ratio_words(ratio, faster='longer', slower='shorter', noise=noise)})")  # fmt: skip
     if not parts:
         return ""
     return ("A GradCache step beside a gradient-checkpointing step of the same batch and backend (both timed "

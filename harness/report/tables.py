@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -17,8 +18,10 @@ from harness.report.data import (
     SharedCheck,
     backend_label,
     published_op,
+    timed_checks,
 )
 from harness.report.text import (
+    TUNER_MARK,
     as_published,
     card_label,
     card_short,
@@ -146,6 +149,12 @@ def fragmentation_table(cells: pd.DataFrame) -> pd.DataFrame:
     return _by_batch_and_backend(cells, describe)
 
 
+def median_spread(median: object, p10: object, p90: object, dash: str = "–") -> str:
+    """'0.456 (0.451–0.462)': a median with its p10–p90 spread, all three with :func:`sig`'s rounding, so
+    the median printed is never outside the spread printed (rounding to significant digits keeps order)."""
+    return f"{sig(median)} ({sig(p10)}{dash}{sig(p90)})"
+
+
 def timed(cells: pd.DataFrame) -> pd.DataFrame:
     """The cells that trained and whose step times may be published (the timing rule, :mod:`harness.host`)."""
     if cells.empty or "times_comparable" not in cells:
@@ -156,7 +165,8 @@ def timed(cells: pd.DataFrame) -> pd.DataFrame:
 def step_time_table(cells: pd.DataFrame, noise: timing.RunNoise | None = None) -> pd.DataFrame:
     """Steady seconds per step of the cells timed under the timing rule: median with p10–p90,
     samples/s, the speed relative to vanilla at the same batch with its bootstrap 95% interval (with
-    ``noise``, the repeats: no difference where within the regime's run-to-run noise), and what
+    ``noise``, the run-to-run noise: no difference where the interval reaches into 1 ± the regime's
+    noise, :meth:`harness.report.timing.Ratio.beyond`), and what
     autotuning cost (the first step, and later steps that tuned again)."""
     ok = timed(cells)
     if ok.empty:
@@ -171,8 +181,8 @@ def step_time_table(cells: pd.DataFrame, noise: timing.RunNoise | None = None) -
             noise=None if noise is None else noise.of(str(row["stack"]), str(row["regime"])), compact=True)
         rows.append({
             "batch": row["batch_size"], "backend": nowrap(row["backend"]),
-            "s / step (p10–p90)": nowrap(f"{sig(row['steady_step_time_sec'])} "
-                                         f"({row['steady_step_p10_sec']:.2f}\u2011{row['steady_step_p90_sec']:.2f})"),
+            "s / step (p10–p90)": nowrap(median_spread(row["steady_step_time_sec"], row["steady_step_p10_sec"],
+                                                       row["steady_step_p90_sec"], "\u2011")),
             "samples / s": sig(row["samples_per_sec"]),
             "speed vs vanilla (95% interval)": speed,
             "steady steps": row["n_steady_steps"],
@@ -183,7 +193,10 @@ def step_time_table(cells: pd.DataFrame, noise: timing.RunNoise | None = None) -
 
 def published_time_table(cells: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
     """The published step times (an H100 80 GB) beside ours (an H200 capped to that card) for the
-    same cells, where both trained and ours were timed under the timing rule."""
+    same cells, where both trained and ours were timed under the timing rule. A published time that the
+    published text gives only as samples per second is said to be derived from it ('16.0 (128 ÷ the
+    published 7.98 samples/s)'). Ours ÷ published carries its bootstrap 95% interval, which is our
+    median's alone: a published time is one figure, with no spread to resample."""
     ok = timed(cells)
     if ok.empty:
         return pd.DataFrame()
@@ -194,14 +207,23 @@ def published_time_table(cells: pd.DataFrame, published: pd.DataFrame) -> pd.Dat
             continue
         backend = backend_label(ref["variant"], ref["score_mini_batch_size"])
         ours = ok[(ok["batch_size"] == ref["batch_size"]) & (ok["backend"] == backend) & (ok["card"] == ref["card"])]
-        mine = None if ours.empty else ours.iloc[0]["steady_step_time_sec"]
+        mine = None if ours.empty else ours.iloc[0]["steady_times_sec"]
+        theirs = sig(seconds)
+        if missing(ref["steady_step_time_sec"]):  # derived: the batch over the published samples per second
+            theirs += f" ({ref['batch_size']} ÷ the published {sig(ref['samples_per_sec'])} samples/s)"
         rows.append({
             "batch": ref["batch_size"], "backend": nowrap(backend),
-            "published s / step (H100)": sig(seconds),
-            "ours s / step (H200 as the 80 GB card)": "not timed" if mine is None else sig(mine),
-            "ours ÷ published": "" if mine is None else f"{mine / seconds:.2f}",
+            "published s / step (H100)": theirs,
+            "ours s / step (H200 as the 80 GB card)": "not timed" if mine is None else sig(ours.iloc[0]["steady_step_time_sec"]),
+            "ours ÷ published (95% interval)": "" if mine is None else nowrap(_ratio_text(timing.ratio(mine, [seconds]))),
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def _ratio_text(ratio: timing.Ratio) -> str:
+    """'0.45 (0.44–0.46)': a ratio and its interval, to two decimals (three where two would read as one number)."""
+    digits = 3 if f"{ratio.low:.2f}" == f"{ratio.high:.2f}" and ratio.low != ratio.high else 2
+    return f"{ratio.value:.{digits}f} ({ratio.low:.{digits}f}–{ratio.high:.{digits}f})"
 
 
 def repeat_table(pairs: Sequence[tuple[Any, Any]]) -> pd.DataFrame:
@@ -211,8 +233,8 @@ def repeat_table(pairs: Sequence[tuple[Any, Any]]) -> pd.DataFrame:
     for first, one, two, gap in timing.repeat_gaps(pairs):
         rows.append({
             "cell": nowrap(first.cell_id),
-            "first run, s (p10–p90)": nowrap(f"{sig(one.median)} ({one.p10:.2f}–{one.p90:.2f})"),
-            "second run, s (p10–p90)": nowrap(f"{sig(two.median)} ({two.p10:.2f}–{two.p90:.2f})"),
+            "first run, s (p10–p90)": nowrap(median_spread(one.median, one.p10, one.p90)),
+            "second run, s (p10–p90)": nowrap(median_spread(two.median, two.p10, two.p90)),
             "medians apart": f"{100 * gap:.1f}%",
             "within 3%": "yes" if gap <= timing.REPEAT_TOLERANCE else "no",
         })  # fmt: skip
@@ -318,15 +340,49 @@ def _ratio(numerator: object, denominator: object) -> str:
 # ---- the op-level page ---------------------------------------------------------------------------
 
 
-TUNER_MARK = "†"
+def tuner_inside(row: pd.Series, tuned_from: int | None) -> bool:
+    """Whether an op-level cell's memory was measured on a call during which Triton autotuned: a PyLate lik
+    cell that trained, at a batch from ``tuned_from`` up (where the lik-spike record saw kernels autotune
+    inside the first backward, :func:`harness.report.data.tuner_inside_from`), measured before the harness
+    measured such a call again (a result migrated from before that)."""
+    return (row["variant"] == "lik" and row["stack"] == "op-pylate" and tuned_from is not None
+            and int(row["batch_size"]) >= tuned_from and bool(row.get("migrated", False))
+            and row["outcome"] != "oom")  # fmt: skip
 
 
-def op_speed_table(ops: pd.DataFrame, tuned_from: int | None = None) -> pd.DataFrame:
+def tuned_lik_totals(calls: pd.DataFrame) -> dict[int, float]:
+    """The op memory (held + backward spike, MiB) of each PyLate op-level lik call once its kernels were
+    tuned, by the op cell's batch: as a PyLate training cell's isolated replay of exactly that query and
+    document shape measured it (a replay runs after the training steps tuned the kernels; the lik-spike
+    record shows that a tuned call reads what that replay reads). A batch no training cell replayed at
+    the op cell's shapes is left out."""
+    if calls.empty:
+        return {}
+    ok = calls[~calls["oom_in_replay"].astype(bool) & (calls["backend"] == "lik")]
+
+    def shape(row: pd.Series) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return tuple(row["query_shape"]), tuple(row["doc_shape"])
+
+    trained: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
+    for _, row in ok[ok["stack"] == "pylate"].iterrows():
+        total = float(row["saved_for_backward_mib"] + row["backward_transient_peak_mib"])
+        trained[shape(row)] = min(trained.get(shape(row), total), total)
+    return {int(row["batch_size"]): trained[shape(row)] for _, row in ok[ok["stack"] == "op-pylate"].iterrows()
+            if shape(row) in trained}  # fmt: skip
+
+
+SPEED = "speed vs vanilla (95% interval)"
+TIME_COLUMNS = ("median (ms)", "p10–p90 (ms)", SPEED)
+
+
+def op_speed_table(ops: pd.DataFrame, tuned_from: int | None = None, tuned: dict[int, float] | None = None,
+                   noise: timing.RunNoise | None = None) -> pd.DataFrame:  # fmt: skip
     """Median forward + backward time per head, batch and negatives: each backend beside vanilla.
-    Times (and speedups) only from cells timed under the timing rule; the memory always. A PyLate
-    lik cell (the shapes the lik-spike record ran) at a batch from ``tuned_from`` up, measured before
-    a replay that autotuned was measured again, has its memory marked :data:`TUNER_MARK` (it may
-    hold the autotuner's buffers)."""
+    Times, and the speed relative to vanilla with its bootstrap 95% interval (with ``noise``, no
+    difference where that interval reaches into 1 ± the head's run-to-run noise), only from cells timed
+    under the timing rule; the memory always. A cell measured on a call during which Triton autotuned
+    (:func:`tuner_inside`) has its memory marked :data:`TUNER_MARK`, with the same call's memory once
+    tuned beside it where ``tuned`` (:func:`tuned_lik_totals`) has its batch."""
     if ops.empty:
         return pd.DataFrame()
     rows = []
@@ -334,50 +390,62 @@ def op_speed_table(ops: pd.DataFrame, tuned_from: int | None = None) -> pd.DataF
         stack, head, batch, negatives = cast(tuple[str, str, int, Any], key)
         by_variant = group.set_index("variant")
         comparable = by_variant["times_comparable"].astype(bool)
-        base = cast(float, by_variant["steady_step_time_sec"].get("vanilla")) if comparable.get("vanilla", False) else None
+        base = by_variant["steady_times_sec"].get("vanilla") if comparable.get("vanilla", False) else None
         for variant in style.in_order(by_variant.index):
-            row = cast(pd.Series, by_variant.loc[variant])
+            row = cast(pd.Series, by_variant.loc[variant]).copy()
+            row["variant"] = variant
             oom = row["outcome"] == "oom"
-            mark = (TUNER_MARK if variant == "lik" and stack == "op-pylate" and tuned_from is not None and batch >= tuned_from
-                    and bool(row.get("migrated", False)) and not oom else "")  # fmt: skip
-            if not oom and not comparable[variant]:
-                rows.append({
-                    "head": f"{stack.removeprefix('op-')} · {head}", "batch": batch,
-                    "negatives": "" if pd.isna(negatives) else int(negatives), "backend": variant,
-                    "median (ms)": "", "p10–p90 (ms)": "", "speedup vs vanilla": "",
-                    "held + bwd spike (MiB)": "" if missing(row.get("total_mib")) else mib(row["total_mib"]) + mark,
-                })  # fmt: skip
-                continue
+            memory = ("OOM" if oom else "") if missing(row.get("total_mib")) else mib(row["total_mib"])
+            if tuner_inside(row, tuned_from):
+                memory += TUNER_MARK + (f" ({mib((tuned or {})[batch])} tuned)" if batch in (tuned or {}) else "")
+            timed = not oom and bool(comparable[variant])
+            speed = ""
+            if timed and base is not None and variant != "vanilla":
+                speed = timing.ratio_words(timing.ratio(list(base), list(row["steady_times_sec"])), compact=True,
+                                           noise=None if noise is None else noise.of(stack, head))  # fmt: skip
             rows.append({
                 "head": f"{stack.removeprefix('op-')} · {head}", "batch": batch,
                 "negatives": "" if pd.isna(negatives) else int(negatives), "backend": variant,
-                "median (ms)": "OOM" if oom else sig(1000 * row["steady_step_time_sec"]),
-                "p10–p90 (ms)": "" if oom else _spread_ms(row),
-                "speedup vs vanilla": "" if oom or missing(base) or variant == "vanilla"
-                else f"{base / row['steady_step_time_sec']:.2f}×",
-                "held + bwd spike (MiB)": (("OOM" if oom else "") if missing(row.get("total_mib"))
-                                           else mib(row["total_mib"]) + mark),
+                "median (ms)": "OOM" if oom else (sig(1000 * row["steady_step_time_sec"]) if timed else ""),
+                "p10–p90 (ms)": _spread_ms(row) if timed else "", SPEED: speed,
+                "held + bwd spike (MiB)": memory,
             })  # fmt: skip
     return pd.DataFrame(rows)
 
 
-def op_speed_tables(ops: pd.DataFrame, tuned_from: int | None = None) -> dict[str, pd.DataFrame]:
+def op_speed_tables(ops: pd.DataFrame, tuned_from: int | None = None, tuned: dict[int, float] | None = None,
+                    noise: timing.RunNoise | None = None) -> dict[str, pd.DataFrame]:  # fmt: skip
     """:func:`op_speed_table` split by head (one table each, without the head column; without the
-    negatives column for a head that has none)."""
-    table = op_speed_table(ops, tuned_from)
+    negatives column for a head that has none; without the time columns where no cell of the head was
+    timed under the timing rule). Heads whose tables are the same in every cell (colpali-engine's two
+    explicit-negative losses hold the same memory) share one table, headed with both names."""
+    table = op_speed_table(ops, tuned_from, tuned, noise)
     if table.empty:
         return {}
-    split = {}
+    split: dict[str, pd.DataFrame] = {}
     for head, group in table.groupby("head", sort=False):
         group = group.drop(columns="head")
         if (group["negatives"] == "").all():
             group = group.drop(columns="negatives")
-        untimed = [column for column in ("median (ms)", "p10–p90 (ms)", "speedup vs vanilla")
-                   if set(group[column]) <= {"", "OOM"}]  # fmt: skip
-        if len(untimed) == 3:  # no cell of this head timed under the timing rule: memory only
+        untimed = [column for column in TIME_COLUMNS if set(group[column]) <= {"", "OOM"}]
+        if len(untimed) == len(TIME_COLUMNS):  # no cell of this head timed under the timing rule: memory only
             group = group.drop(columns=untimed)
-        split[str(head)] = group.reset_index(drop=True)
+        group = group.reset_index(drop=True)
+        same = next((name for name, shown in split.items() if shown.equals(group)), None)
+        if same is None:
+            split[str(head)] = group
+            continue
+        stack = same.partition(" · ")[0]
+        merged = f"{same} and {str(head).removeprefix(stack + ' · ')}"
+        split = {(merged if name == same else name): shown for name, shown in split.items()}
     return split
+
+
+def shared_heads(name: str) -> list[str]:
+    """The heads a table of :func:`op_speed_tables` shows: 'colpali · negative-ce and pairwise-negative-ce'
+    → ['colpali · negative-ce', 'colpali · pairwise-negative-ce']."""
+    stack, _, heads = name.partition(" · ")
+    return [f"{stack} · {head}" for head in heads.split(" and ")]
 
 
 def _spread_ms(row: pd.Series) -> str:
@@ -445,20 +513,26 @@ def _asked(message: str) -> str:
 
 
 def sharing_check(checks: Sequence[SharedCheck]) -> pd.DataFrame:
-    """Ceiling probes run again on a shared GPU beside the same probes run alone: outcome, peaks and
-    step times side by side, and whether every step's peaks are the same to the byte."""
+    """Ceiling probes run again on a shared GPU beside the same probes run without ``--share-gpu``:
+    outcome and peaks side by side, and whether every step's peaks are the same to the byte. Step times
+    only where enough twins record that they owned their host (:func:`harness.report.data.timed_checks`),
+    and only theirs: a twin with no such record has no time to compare."""
+    timed = {check.probe for check in timed_checks(checks)}
     rows = []
     for check in checks:
         alone, shared = check.alone, check.shared
-        rows.append({
+        row: dict[str, object] = {
             "probe": check.probe, "GiB given on the shared GPU": number(shared.gpu_share_gib, ".2f"),
             "outcome alone · shared": f"{alone.outcome} · {shared.outcome}",
             "peak alloc MiB alone · shared": _side_by_side(alone.step_peak_alloc_mib, shared.step_peak_alloc_mib, ".2f"),
             "peak reserved MiB alone · shared": _side_by_side(alone.step_peak_reserved_mib, shared.step_peak_reserved_mib, ".0f"),
             "steps compared": len(alone.step_peak_alloc_per_step_mib),
             "identical": "yes" if check.identical else "no",
-            "s / step alone · shared": _side_by_side(alone.steady_step_time_sec, shared.steady_step_time_sec, ".2f"),
-        })  # fmt: skip
+        }  # fmt: skip
+        if timed:
+            row["s / step alone · shared"] = (_side_by_side(alone.steady_step_time_sec, shared.steady_step_time_sec, ".2f")
+                                              if check.probe in timed else "no record of its host")  # fmt: skip
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -499,6 +573,27 @@ def skipped_table(skipped: Sequence[Skipped], root: Path) -> pd.DataFrame:
 # ---- the synthetic data ---------------------------------------------------------------------------
 
 PUBLISHED_QUERY_RANGE = (42, 57)  # the published B=128 run's batches padded their queries to 42–57 tokens (spec §3)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryCalibration:
+    """What the synthetic ColQwen2 queries (:mod:`harness.stacks.colpali_data`) are set to give: over
+    ``batches`` independent batches of ``batch`` queries for each of ``seeds``, padded as colpali-engine's
+    collator pads them (``augmentation`` tokens added to each query), the median batch pads to within
+    ``median`` tokens, a share within ``inside`` of the batches to :data:`PUBLISHED_QUERY_RANGE` and a
+    share within ``above`` past it. ``tests/test_colpali_stack.py`` measures each range with the offline
+    tokenizer; the methodology page states them from here (:func:`harness.report.prose.query_calibration`)."""
+
+    batch: int = 128
+    batches: int = 200
+    seeds: tuple[int, ...] = (42, 43, 44)
+    augmentation: int = 10
+    median: tuple[float, float] = (49.5, 50.0)
+    inside: tuple[float, float] = (0.84, 0.90)
+    above: tuple[float, float] = (0.08, 0.135)
+
+
+QUERY_CALIBRATION = QueryCalibration()
 
 
 def query_length_table(lengths: pd.DataFrame, draw: str = "stream") -> pd.DataFrame:

@@ -20,8 +20,14 @@ def missing(value: Any) -> bool:
 
 
 def number(value: object, spec: str) -> str:
-    """A table number, or a dash where the cell has none (e.g. every step was warm-up)."""
-    return "—" if missing(value) else format(value, spec)
+    """A table number, or a dash where the cell has none (e.g. every step was warm-up); a negative one with a
+    true minus ('−0.25'), and one that rounds to zero as '0', never '-0.00' or '0.00'."""
+    if missing(value):
+        return "—"
+    text = format(value, spec)
+    if not text.lstrip("+-").strip("0.,%"):  # only zeros left: it rounds to zero
+        return "0"
+    return text.replace("-", MINUS)
 
 
 def mib(value: object) -> str:
@@ -110,6 +116,16 @@ def oom_held_mib(message: object) -> tuple[float, float] | None:
     return float(found.group(1)) * _SIZES_MIB[found.group(2)], float(found.group(3)) * _SIZES_MIB[found.group(4)]
 
 
+_IN_USE = re.compile(r"this process has ([0-9.]+) (bytes|KiB|MiB|GiB) memory in use")
+
+
+def oom_in_use_mib(message: object) -> float | None:
+    """The memory an OOM message says the process had in use on the device (PyTorch's and the CUDA
+    context's together), in MiB; None where the message does not say."""
+    found = None if missing(message) else _IN_USE.search(str(message))
+    return None if found is None else float(found.group(1)) * _SIZES_MIB[found.group(2)]
+
+
 def as_published(value_mib: object) -> str:
     """A memory figure as the published harness prints it: GiB to two decimals from 1 GiB up, whole MiB below
     ('7.81 GiB', '61 MiB'); a dash for none. Ours and the published figures side by side, at one precision."""
@@ -186,6 +202,7 @@ def cell_words(row: pd.Series, allocated: str = "") -> str:
 ANSI_COLOUR = re.compile(r"(\x1b\[[0-9;]*m)")  # an ANSI colour code, as IPython colours tracebacks (split keeps it)
 LONG_RUN_MARK = "†"  # follows a ceiling at which a long run ran out of memory part way (tables, figures)
 LOADER_MARK = "‡"  # follows a ceiling whose probes collated with fewer dataloader workers than the recipe's
+TUNER_MARK = "◊"  # follows op memory measured on a call during which Triton autotuned (the op page)
 
 
 def ran_out_of_host_memory(row: SearchRow) -> bool:

@@ -5,7 +5,9 @@ cell's CPU cores while it trained) have times the pages show as the card's. A ce
 (after warm-up, none that autotuned) give its median and p10–p90; a ratio between two cells is
 the ratio of their medians with a bootstrap 95% interval (each cell's steady steps resampled with
 replacement, seeded so the book is reproducible). An interval that contains 1.0 reads "no
-measurable difference". Autotuning is reported apart: the first step and every step that tuned.
+measurable difference"; with the run-to-run noise of the cells' recipe (:class:`RunNoise`: how far a
+second run of one cell moved its median), a ratio is a difference only where its whole interval lies
+outside 1 ± that noise. Autotuning is reported apart: the first step and every step that tuned.
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from harness.results import CellResult
+from harness.spec import TrainSpec
 
 BOOTSTRAP_RESAMPLES = 4000
 BOOTSTRAP_SEED = 0
 REPEAT_TOLERANCE = 0.03  # two runs of one cell agree when their medians differ by at most 3%
+# two runs of one cell under two memory caps time as repeats only where the cap did not bind: both
+# runs' step peaks (reserved) at most this share of the smaller cap
+CAP_UNBOUND_SHARE = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +63,13 @@ class Ratio:
     def measurable(self) -> bool:
         """False when the interval contains 1.0: no measurable difference."""
         return not self.low <= 1.0 <= self.high
+
+    def beyond(self, noise: float | None) -> bool:
+        """Whether the whole interval lies outside 1 ± ``noise`` (a run-to-run noise, :class:`RunNoise`):
+        only then is the ratio a difference a second run of its cells could not undo. Without a noise,
+        whether the interval excludes 1 (:attr:`measurable`)."""
+        band = noise or 0.0
+        return self.low > 1.0 + band or self.high < 1.0 - band
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,25 +125,28 @@ def ratio_words(value: Ratio, faster: str = "faster", slower: str = "slower", no
     how many times longer a step takes, its interval inverted with it) or ``no measurable difference
     (0.97–1.04)``; three decimals where two would print a measurable difference as 1.00, or an
     interval as one number (1.10–1.10). With ``noise`` (how far a second run moved a cell's median,
-    :class:`RunNoise`), a measurable ratio no farther from 1 than that is called no difference too:
-    ``no difference beyond run-to-run noise (1.005× slower; a second run moved medians up to 0.8%)``, or
-    with ``compact`` (a table's column) ``no difference (1.005× slower, in ±0.8% noise)``."""
+    :class:`RunNoise`), a ratio is named faster or slower only where its whole interval lies outside
+    1 ± noise (:meth:`Ratio.beyond`); a measurable one whose interval reaches into that band is called
+    no difference, its numbers kept: ``no difference beyond run-to-run noise (1.08× faster, 1.02–1.10;
+    a second run moved medians up to 6.5%)``, or with ``compact`` (a table's column) ``no difference
+    (1.08× faster, 1.02–1.10, in ±6.5% noise)``."""
     word = faster if value.value > 1 else slower
-    within_noise = noise is not None and value.measurable and abs(value.value - 1) <= noise
+    within_noise = value.measurable and not value.beyond(noise)
     if value.measurable and value.value < 1:
         value = Ratio(1 / value.value, 1 / value.high, 1 / value.low)
-    if within_noise:
-        assert noise is not None
-        shown = f"{value.value:.{3 if f'{value.value:.2f}' == '1.00' else 2}f}× {word}"
-        if compact:
-            return f"no difference ({shown}, in ±{100 * noise:.1f}% noise)"
-        return f"no difference beyond run-to-run noise ({shown}; a second run moved medians up to {100 * noise:.1f}%)"
     one_number = value.low != value.high and f"{value.low:.2f}" == f"{value.high:.2f}"
     digits = 3 if f"{value.value:.2f}" == "1.00" or one_number else 2
     interval = f"{value.low:.{digits}f}–{value.high:.{digits}f}"
     if not value.measurable:
         return f"no measurable difference ({interval})"
-    return f"{value.value:.{digits}f}× {word} ({interval})"
+    shown = f"{value.value:.{digits}f}× {word}"
+    if within_noise:
+        assert noise is not None
+        if compact:
+            return f"no difference ({shown}, {interval}, in ±{100 * noise:.1f}% noise)"
+        return (f"no difference beyond run-to-run noise ({shown}, {interval}; a second run moved medians up to "
+                f"{100 * noise:.1f}%)")  # fmt: skip
+    return f"{shown} ({interval})"
 
 
 def repeat_gap(first: StepTimes, second: StepTimes) -> float:
@@ -149,28 +165,93 @@ def repeat_gaps(pairs: Sequence[tuple[CellResult, CellResult]]) -> list[tuple[Ce
     return gaps
 
 
+def cap_mib(result: CellResult) -> float | None:
+    """The memory a result's allocator could use (MiB): its card's cap, or the whole GPU without one."""
+    if result.env is None:
+        return None
+    return result.env.card_cap_mib or result.env.device_capacity_mib
+
+
+def cap_unbound(first: CellResult, second: CellResult) -> bool:
+    """Whether neither of two runs came near the smaller of their two caps: both recorded a step peak
+    (reserved) and neither is above :data:`CAP_UNBOUND_SHARE` of that cap, so the cap never made the
+    allocator free its cache or fail, and the two runs differ in nothing that sets the step time."""
+    caps = [cap_mib(first), cap_mib(second)]
+    peaks = [first.step_peak_reserved_mib, second.step_peak_reserved_mib]
+    if None in caps or None in peaks:
+        return False
+    smaller = min(cap for cap in caps if cap is not None)
+    return max(peak for peak in peaks if peak is not None) <= CAP_UNBOUND_SHARE * smaller
+
+
+def cap_pairs(results: Sequence[CellResult]) -> list[tuple[CellResult, CellResult]]:
+    """Every pair of runs of one cell under two memory caps: the same spec but for the card (recipe,
+    backend, batch, chunk, allocator, seed, steps) and the same model and data source, on the same GPU
+    model, both times publishable (:func:`steady_times`). The run under the smaller cap comes first (a
+    repeat gap is relative to it); pairs in the order of ``results``."""
+    groups: dict[tuple[object, ...], list[CellResult]] = {}
+    for result in results:
+        if not isinstance(result.spec, TrainSpec) or result.env is None or steady_times(result) is None:
+            continue
+        key = (result.env.device_name or result.env.device, result.env.model_source, result.env.data_source,
+               dataclasses.replace(result.spec, card="native"))  # fmt: skip
+        groups.setdefault(key, []).append(result)
+    pairs = []
+    for runs in groups.values():
+        for k, one in enumerate(runs):
+            for other in runs[k + 1:]:
+                caps = cap_mib(one), cap_mib(other)
+                if one.card != other.card and None not in caps and caps[0] != caps[1]:
+                    pairs.append((one, other) if (caps[0] or 0) < (caps[1] or 0) else (other, one))
+    return pairs
+
+
+def cap_twins(results: Sequence[CellResult]) -> list[tuple[CellResult, CellResult]]:
+    """The cap pairs (:func:`cap_pairs`) whose cap bound neither run (:func:`cap_unbound`): runs of one
+    cell that differ in nothing that sets the step time, so they time as repeats."""
+    return [(first, second) for first, second in cap_pairs(results) if cap_unbound(first, second)]
+
+
 @dataclasses.dataclass(frozen=True)
 class RunNoise:
-    """How far a second run of a cell moved its median step time (the repeat grid), per stack and regime,
-    and the widest over all: a speed ratio no farther from 1 than that could be changed by running its
-    cells again, however narrow its within-run interval, so it is called no difference."""
+    """How far a second run of a cell moved its median step time, per stack and regime, and the widest
+    over all: a speed ratio whose interval reaches within that distance of 1 could be changed by running
+    its cells again, however narrow its within-run interval, so it is called no difference
+    (:meth:`Ratio.beyond`). The second runs are the repeat grid's and the cap twins (:func:`cap_twins`);
+    ``pairs`` counts them per stack and regime."""
 
     by_regime: dict[tuple[str, str], float]
     widest: float | None
+    pairs: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    too_few: dict[tuple[str, str], tuple[float, int, int]] = dataclasses.field(default_factory=dict)
+    """Regimes whose pairs come from fewer than :data:`NOISE_MIN_CELLS` cells: (their own widest gap,
+    pairs, cells). Their own gap is not trusted as the regime's noise; they take the widest."""
 
     def of(self, stack: str, regime: str) -> float | None:
-        """The widest repeat gap of ``stack`` and ``regime``; of all repeats where that regime has none
-        (None without any repeat)."""
+        """The widest gap between two runs of a cell of ``stack`` and ``regime``, where its pairs come
+        from at least :data:`NOISE_MIN_CELLS` cells; else the widest of all pairs (None without any)."""
         return self.by_regime.get((stack, regime), self.widest)
 
 
+NOISE_MIN_CELLS = 2
+"""Distinct cells (backend and batch) a regime's pairs must cover before their widest gap is taken as that
+regime's noise: the pairs of one cell say how that cell repeats, not how the regime's other cells do."""
+
+
 def run_noise(pairs: Sequence[tuple[CellResult, CellResult]]) -> RunNoise:
-    """:class:`RunNoise` from the repeated cells whose times may both be published (:func:`repeat_gaps`)."""
-    by_regime: dict[tuple[str, str], float] = {}
+    """:class:`RunNoise` from pairs of runs of one cell whose times may both be published
+    (:func:`repeat_gaps`): the repeats, and the cap twins with them (:func:`cap_twins`)."""
+    gaps: dict[tuple[str, str], float] = {}
+    counts: dict[tuple[str, str], int] = {}
+    cells: dict[tuple[str, str], set[tuple[str, int]]] = {}
     for first, _, _, gap in repeat_gaps(pairs):
         key = (first.stack, first.regime)
-        by_regime[key] = max(by_regime.get(key, 0.0), gap)
-    return RunNoise(by_regime, max(by_regime.values(), default=None))
+        gaps[key] = max(gaps.get(key, 0.0), gap)
+        counts[key] = counts.get(key, 0) + 1
+        cells.setdefault(key, set()).add((str(first.variant), int(first.batch_size)))
+    own = {key: gap for key, gap in gaps.items() if len(cells[key]) >= NOISE_MIN_CELLS}
+    too_few = {key: (gap, counts[key], len(cells[key])) for key, gap in gaps.items() if key not in own}
+    return RunNoise(own, max(gaps.values(), default=None), {key: counts[key] for key in own}, too_few)
 
 
 PINNED_MIN_CELLS = 4  # cells per stack the pinned check needs before it can vouch for that stack

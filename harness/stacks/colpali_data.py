@@ -12,10 +12,11 @@ memory depends on:
 * **queries** are question-like text whose character length is log-normal with the real mean
   (≈67 characters, spec §3) and a tail. The published run saw queries padded to 33–57 tokens
   across its batches and 42–57 at B=128 (text + colpali-engine's 10 augmentation tokens). Measured
-  with the offline tokenizer over 200 independent batches of 128 for each of the grids' seeds 42,
-  43 and 44 (``tests/test_colpali_stack.py`` checks these ranges): the median batch pads to 49.5–50
-  tokens (the centre of the published range), 84–90% pad to 42–57 and 8–13.5% to more than 57 (a
-  batch holding one of the few long questions).
+  with the offline tokenizer over independent batches of 128 for each of the grids' seeds, the median
+  batch pads to the centre of the published range, most batches within it and a few past it (a batch
+  holding one of the few long questions): the ranges are
+  :data:`harness.report.tables.QUERY_CALIBRATION`, which ``tests/test_colpali_stack.py`` checks and
+  the methodology page states.
 
 **One seed, one stream.** Row ``i`` of the stream of seed ``s`` is drawn from its own generator
 (``s``, ``i``), and the stream has a fixed length (:data:`STREAM_ROWS`) whatever the cell, so the
@@ -40,7 +41,7 @@ from harness.stacks import lexicon
 
 HUB_DATASET = "vidore/colpali_train_set"
 QUERY_CHARS_MEAN = 67.0
-QUERY_CHARS_SIGMA = 0.35  # log-normal shape: the median batch of 128 pads to 49.5–50 tokens, 84–90% to 42–57 (module doc)
+QUERY_CHARS_SIGMA = 0.35  # log-normal shape: sets the padded lengths of harness.report.tables.QUERY_CALIBRATION
 STREAM_ROWS = 1 << 20  # rows in every seed's stream: more than any cell reads (300 steps x 2048 = 614,400)
 QUESTION_STARTERS = (
     "What is the", "What are the", "How many", "Which", "What was the", "According to the",
