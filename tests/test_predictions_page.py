@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from harness import memmodel
-from harness.report import data, predictions, style
+from harness.report import data, decision, predictions, style
 from harness.report.text import regime_label
 from test_book import ROOT
 
@@ -29,7 +29,7 @@ def test_the_validation_table_shows_every_search_with_probes_and_its_verdict(all
             assert shown["verdict"] in ("", "inside its range", "below a batch that trained", "above a batch that failed")
         running = row["measured_ceiling"] is None and row["measured_fails"] is not None
         assert shown["measured"].endswith(predictions.SEARCHING_MARK) == running
-        assert not shown["measured"].endswith("*")  # `*` on this page is the cards table's rough margin only
+        assert predictions.ROUGH_MARK not in shown["measured"]  # the rough mark is the cards table's predictions only
 
 
 def test_every_judged_search_is_in_a_table_the_page_shows():
@@ -58,9 +58,9 @@ def test_each_mark_on_the_page_means_one_thing_and_has_its_legend():
     running = [row for row in probed if row["measured_ceiling"] is None and row["measured_fails"] is not None]
     legend = predictions.searching_legend(document)
     assert legend.startswith(f"`{predictions.SEARCHING_MARK}`: a search still running") == bool(running)
-    assert predictions.SEARCHING_MARK != "*"
+    assert predictions.SEARCHING_MARK == decision.RUNNING_MARK != predictions.ROUGH_MARK  # one mark, one meaning
     rows = memmodel.table(memmodel.fit(data.read()))
-    assert predictions.misclassifying(rows) == "" or predictions.misclassifying(rows).startswith("`*`: ")
+    assert predictions.misclassifying(rows) == "" or predictions.misclassifying(rows).startswith(f"`{predictions.ROUGH_MARK}N`: ")
     page = (ROOT / "book" / "predict.md").read_text()
     assert "{glue:md}`searching`" in page and "{glue:md}`rough`" in page and "marked `*`" not in page
 
@@ -90,8 +90,9 @@ def test_the_cards_table_is_the_models_prediction_marked_where_its_margin_is_rou
         assert len(table) == len({row["card"] for row in mine})
         for row in mine:
             column = style.short(row["backend"]).replace(" ", "\u00a0")
-            shown = [value for value in table[column] if value.rstrip("*") == str(row["predicted_largest_batch"])]
-            assert shown and all(value.endswith("*") == bool(row["margin_misclassifies"]) for value in shown)
+            batch = str(row["predicted_largest_batch"])
+            shown = [value for value in table[column] if value.split("<br>")[0].removeprefix(predictions.ROUGH_MARK) == batch]
+            assert shown and all(value.startswith(predictions.ROUGH_MARK) == bool(row["margin_misclassifies"]) for value in shown)
 
 
 def test_the_lengths_sentence_names_what_the_committed_steps_saw():

@@ -13,7 +13,8 @@ import pandas as pd
 
 from harness.memmodel import OTHER_CARDS, VALIDATION, MemoryModel, ModelError, fit
 from harness.report import data, style
-from harness.report.text import allocator_words, ceiling_text, joined, nowrap, percent, regime_label
+from harness.report.decision import RUNNING_MARK, entry
+from harness.report.text import allocator_words, joined, nowrap, percent, regime_label
 from harness.spec import ALLOCATORS as SPEC_ALLOCATORS
 from harness.spec import CARDS
 
@@ -44,7 +45,8 @@ def _card(name: str) -> str:
     return OTHER_CARDS[name].label.split(" (")[0] if name in OTHER_CARDS else name
 
 
-SEARCHING_MARK = "§"  # follows a measured range whose search is still running (the cards table's `*` is a rough margin)
+SEARCHING_MARK = RUNNING_MARK  # follows a measured range whose search is still running, as on every other page
+ROUGH_MARK = "≈"  # before a predicted batch whose backend's margin misclassifies committed cells: read it as rough
 ALLOCATORS = tuple(SPEC_ALLOCATORS)  # the validation tables, in the page's order: default, then expandable
 
 
@@ -57,7 +59,7 @@ def searching_legend(document: dict[str, Any]) -> str:
 
 
 def _measured(row: dict[str, Any]) -> str:
-    """A search's measured ceiling: the batch, '≥ 96' (at the search's limit) or '84–99§' (still running)."""
+    """A search's measured ceiling: the batch, '≥ 96' (at the search's limit) or '84–99*' (still running)."""
     if row["measured_ceiling"] is not None:
         return str(row["measured_ceiling"])
     if row["measured_fails"] is None:
@@ -160,10 +162,10 @@ def cards_table(rows: list[dict[str, Any]], stack: str, regime: str,
     frame = pd.DataFrame(mine)
 
     def shown(r: pd.Series) -> str:
-        text = f"{r['predicted_largest_batch']}{'*' if r['margin_misclassifies'] else ''}"
+        text = f"{ROUGH_MARK if r['margin_misclassifies'] else ''}{r['predicted_largest_batch']}"
         found = data.find_search(searches, stack, regime, str(r["backend"]), str(r["card"]))
         if found is not None and found.probes > 0:
-            measured = ceiling_text(found).replace(" (searching)", ", searching")
+            measured = entry(found)  # as the intro's decision table writes it
             return f"{nowrap(text)}<br><i>measured {nowrap(measured)}</i>"
         return nowrap(text)
 
@@ -184,7 +186,7 @@ def misclassifying(rows: list[dict[str, Any]]) -> str:
         return ""
     named = "; ".join(f"{regime_label(stack, regime)} · {backend}: {count} committed cell{'s' if count > 1 else ''}"
                       for stack, regime, backend, count in wrong)  # fmt: skip
-    return (f"`*`: the backend's margin, fitted on every card, still puts committed cells on the wrong side of their "
+    return (f"`{ROUGH_MARK}N`: the backend's margin, fitted on every card, still puts committed cells on the wrong side of their "
             f"outcome ({named}); read those entries as rough.")  # fmt: skip
 
 
