@@ -205,7 +205,9 @@ def test_a_card_we_searched_shows_its_measured_ceiling_beside_the_prediction(sea
             name = predictions._card(row.card).replace(" ", "\u00a0")
             label = next(c for c in table["card (usable GiB)"] if c.startswith(name))
             cell = table.loc[table["card (usable GiB)"] == label, nowrap(style.short(row.backend))].iloc[0]
-            measured = ceiling_text(row).replace(" (searching)", ", searching")
+            measured = ceiling_text(row)
+            if not row.done and " (searching)" in measured:  # a running search: the range, marked as on the intro
+                measured = measured.replace(" (searching)", "") + predictions.SEARCHING_MARK
             assert f"measured {nowrap(measured)}" in cell, (row.card, row.backend, cell)
 
 
@@ -247,17 +249,22 @@ def test_the_speed_intervals_are_said_to_be_within_a_run_and_set_against_each_re
         assert text == ""
         return
     for (stack, regime), gap in noise.by_regime.items():
-        assert f"{regime_label(stack, regime)} {100 * gap:.1f}% (over {noise.pairs[(stack, regime)]} pair" in text
+        assert f"{regime_label(stack, regime)}, {100 * gap:.1f}% over {noise.pairs[(stack, regime)]} pair" in text
+    for (stack, regime), (gap, pairs, n) in noise.too_few.items():  # GradCache's three pairs of one cell
+        assert n < timing.NOISE_MIN_CELLS and noise.of(stack, regime) == noise.widest
+        assert f"{regime_label(stack, regime)} the {pairs} pair" in text and f"({100 * gap:.1f}%)" in text
+        assert f"the widest, {100 * noise.widest:.1f}%" in text
     # PyLate grad-checkpoint's noise is no longer its two repeats' alone: its cap twins widen it
     repeats_only = timing.run_noise(data.repeats(results))
     assert noise.of("pylate", "grad-checkpoint") > repeats_only.of("pylate", "grad-checkpoint")
     named = re.findall(r"(\S+ · [a-z-]+) B=(\d+) on ([^,]+), ([0-9.]+)× \(([0-9.]+)–([0-9.]+)\)", text)
     assert named  # PyLate plain's 1.08× (1.02–1.10) at B=64 on 80 GB among them
     labels = {regime_label(stack, regime): (stack, regime) for stack, regime in noise.by_regime}
-    for label, _, _, value, low, high in named:
+    for label, _, _, _, low, high in named:
         band = noise.of(*labels[label])
         assert float(low) > 1 or float(high) < 1  # measurable within the run
-        assert float(low) <= 1 + band + 0.005 and float(high) >= 1 - band - 0.005 or float(value) < 1  # reaches in
+        assert float(low) <= 1 + band + 0.005 and float(high) >= 1 - band - 0.005  # reaches into 1 ± noise
+    assert f", {len(named)} reach into their recipe's noise" in text  # the count is the list's
     assert "pylate · plain B=64 on 80 GB, 1.08× (1.02–1.10)" in text
 
 

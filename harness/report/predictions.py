@@ -13,8 +13,8 @@ import pandas as pd
 
 from harness.memmodel import OTHER_CARDS, VALIDATION, MemoryModel, ModelError, fit
 from harness.report import data, style
-from harness.report.decision import RUNNING_MARK, entry
-from harness.report.text import allocator_words, joined, nowrap, percent, regime_label
+from harness.report.decision import RUNNING_MARK
+from harness.report.text import allocator_words, ceiling_text, joined, nowrap, percent, regime_label
 from harness.spec import ALLOCATORS as SPEC_ALLOCATORS
 from harness.spec import CARDS
 
@@ -165,7 +165,9 @@ def cards_table(rows: list[dict[str, Any]], stack: str, regime: str,
         text = f"{ROUGH_MARK if r['margin_misclassifies'] else ''}{r['predicted_largest_batch']}"
         found = data.find_search(searches, stack, regime, str(r["backend"]), str(r["card"]))
         if found is not None and found.probes > 0:
-            measured = entry(found)  # as the intro's decision table writes it
+            measured = ceiling_text(found)  # a running search marked as the intro's table marks it
+            if " (searching)" in measured:
+                measured = measured.replace(" (searching)", "") + RUNNING_MARK
             return f"{nowrap(text)}<br><i>measured {nowrap(measured)}</i>"
         return nowrap(text)
 

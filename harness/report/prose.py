@@ -1196,10 +1196,11 @@ def cap_twin_reading(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:
                  for key, (gap, first, second) in sorted(widest.items())]  # fmt: skip
         text += ". Such twins, per recipe — " + "; ".join(parts)
     if bound:
-        left = [f"{regime_label(first.stack, first.regime)} B={first.batch_size} {first.spec.variant} (step peak "
-                f"{GIB_PER_MIB * max(first.step_peak_reserved_mib or 0, second.step_peak_reserved_mib or 0):.1f} GiB "
-                f"of the {GIB_PER_MIB * (timing.cap_mib(first) or 0):.1f} GiB cap)" for first, second in bound]  # fmt: skip
-        text += f". Left out, the cap near the step peak: {', '.join(left)}"
+        left = [f"{regime_label(first.stack, first.regime)} B={first.batch_size} {first.spec.variant}: the "
+                f"{card_short(first.card)} run reserved {GIB_PER_MIB * (first.step_peak_reserved_mib or 0):.1f} GiB of its "
+                f"{GIB_PER_MIB * (timing.cap_mib(first) or 0):.1f} GiB cap, the {card_short(second.card)} run "
+                f"{GIB_PER_MIB * (second.step_peak_reserved_mib or 0):.1f} GiB" for first, second in bound]  # fmt: skip
+        text += f". Left out, where a cap came near a step peak: {'; '.join(left)}"
     return text + "."
 
 
@@ -1212,22 +1213,23 @@ def interval_scope(noise: timing.RunNoise, cells: pd.DataFrame, fused: str = "li
     excludes 1 but not its recipe's noise band (1 ± noise), computed from the cells."""
     if not noise.by_regime or noise.widest is None:
         return ""
-    per = [f"{regime_label(stack, regime)} {100 * gap:.1f}% (over {counted(noise.pairs.get((stack, regime), 0), 'pair')})"
+    per = [f"{regime_label(stack, regime)}, {100 * gap:.1f}% over {counted(noise.pairs.get((stack, regime), 0), 'pair')}"
            for (stack, regime), gap in sorted(noise.by_regime.items())]  # fmt: skip
     text = (f"A speed ratio's 95% interval resamples the steady steps of one run of each cell: it is the noise within "
             f"a run, not between runs. Between two runs of the same cell (a repeat or a cap twin) the median moved, per "
-            f"recipe, by up to {'; '.join(per)}")  # fmt: skip
+            f"recipe, by up to: {'; '.join(per)}")  # fmt: skip
     ok = timed(cells)
     if not ok.empty:
         ok = ok[ok["allocator"] == "default"]
     regimes = set() if ok.empty else {(str(stack), str(regime)) for stack, regime in zip(ok["stack"], ok["regime"], strict=True)}
-    few = [f"{regime_label(*key)} ({100 * gap:.1f}% over {counted(pairs, 'pair')} of {counted(n, 'cell')})"
+    few = [f"for {regime_label(*key)} the {counted(pairs, 'pair')} come{'s' if pairs == 1 else ''} from "
+           f"{counted(n, 'cell')} ({100 * gap:.1f}%)"
            for key, (gap, pairs, n) in sorted(noise.too_few.items()) if key in regimes]  # fmt: skip
     without = [regime_label(*key) for key in sorted(regimes) if key not in noise.by_regime and key not in noise.too_few]
     if few:
-        text += (f"; {joined(few)} {'has' if len(few) == 1 else 'have'} pairs of fewer than "
-                 f"{counted(timing.NOISE_MIN_CELLS, 'cell')}, which say how one cell repeats, not the recipe, so "
-                 f"{'it takes' if len(few) == 1 else 'they take'} the widest, {100 * noise.widest:.1f}%")  # fmt: skip
+        text += (f". {'; '.join(few)[0].upper()}{'; '.join(few)[1:]}: fewer than {timing.NOISE_MIN_CELLS}: one cell's "
+                 f"pairs say how that cell repeats, not its recipe, so {'it takes' if len(few) == 1 else 'they take'} "
+                 f"the widest, {100 * noise.widest:.1f}%")  # fmt: skip
     if without:
         text += (f"; {joined(without)}, with no pair of {'its' if len(without) == 1 else 'their'} own, "
                  f"{'takes' if len(without) == 1 else 'take'} the widest, {100 * noise.widest:.1f}%")  # fmt: skip
@@ -1246,7 +1248,7 @@ def interval_scope(noise: timing.RunNoise, cells: pd.DataFrame, fused: str = "li
                               f"{ratio.value:.2f}× ({ratio.low:.2f}–{ratio.high:.2f})")  # fmt: skip
     if within:
         text += (f". Of the {fused} ratios against vanilla whose interval excludes 1, {len(within)} reach into their "
-                 "recipe's noise and so read no difference: " + ", ".join(within))  # fmt: skip
+                 "recipe's noise and so read no difference: " + "; ".join(within))  # fmt: skip
     return text + "."
 
 

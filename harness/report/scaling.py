@@ -646,8 +646,8 @@ def against_checkpointing(cells: pd.DataFrame, noise: float | None = None) -> st
         other = checkpointed.loc[[key]].iloc[0]
         ratio = timing.ratio(list(row["steady_times_sec"]), list(other["steady_times_sec"]))
         parts.append(f"{row['backend']} at B = {row['batch_size']} on the {card_short(str(row['card']))} card: "
-                     f"{row['steady_step_time_sec']:.2f} s against {other['steady_step_time_sec']:.2f} s "
-                     f"({timing.ratio_words(ratio, faster='longer', slower='shorter', noise=noise)})")  # fmt: skip
+                     f"{row['steady_step_time_sec']:.2f} s against {other['steady_step_time_sec']:.2f} s, "
+                     f"{timing.ratio_words(ratio, faster='longer', slower='shorter', noise=noise)}")  # fmt: skip
     if not parts:
         return ""
     return ("A GradCache step beside a gradient-checkpointing step of the same batch and backend (both timed "
