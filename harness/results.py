@@ -547,7 +547,7 @@ def _cell_summary(result: CellResult) -> dict[str, object]:
         # rows per cell, before it); None for real data
         "data_draw": result.data_draw,
         "timing_reason": (result.timing.reason if result.timing is not None
-                          else "measured before the timing rule (no record of what ran beside it)"),  # fmt: skip
+                          else "measured before the timing rule, with no record of what ran beside it"),  # fmt: skip
         "op_saved_for_backward_mib": None if largest is None else largest.saved_for_backward_mib,
         "op_backward_transient_peak_mib": None if largest is None else largest.backward_transient_peak_mib,
         "op_forward_transient_peak_mib": None if largest is None else largest.forward_transient_peak_mib,

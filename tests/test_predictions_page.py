@@ -26,7 +26,8 @@ def test_the_validation_table_shows_every_search_with_probes_and_its_verdict(all
         if row["measured_ceiling"] is not None:
             assert shown["measured"] == str(row["measured_ceiling"]) and shown["resolution"] == row["resolution"]
         else:
-            assert shown["verdict"] in ("", "inside its range", "below a batch that trained", "above a batch that failed")
+            assert shown["verdict"] in ("", "inside its range", "below a batch that trained", "at a batch that failed",
+                                       "above a batch that failed")
         running = row["measured_ceiling"] is None and row["measured_fails"] is not None
         assert shown["measured"].endswith(predictions.SEARCHING_MARK) == running
         assert predictions.ROUGH_MARK not in shown["measured"]  # the rough mark is the cards table's predictions only
@@ -123,3 +124,11 @@ def test_gathered_negatives_scale_each_ranks_vanilla_grid_with_the_world_size():
     table = predictions.gathered_table(rows, "colpali", "plain")
     assert list(table.columns)[-4:] == ["W=1", "W=2", "W=4", "W=8"]
     assert list(table["local batch"]) == sorted(table["local batch"])
+
+
+def test_a_prediction_at_the_batch_that_failed_is_said_to_be_at_it_not_above_it():
+    row = {"measured_fits": 84, "measured_fails": 88}
+    assert predictions._inside({**row, "predicted_ceiling": 88}) == "at a batch that failed"
+    assert predictions._inside({**row, "predicted_ceiling": 96}) == "above a batch that failed"
+    assert predictions._inside({**row, "predicted_ceiling": 86}) == "inside its range"
+    assert predictions._inside({**row, "predicted_ceiling": 80}) == "below a batch that trained"

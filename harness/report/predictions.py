@@ -96,7 +96,9 @@ def _inside(row: dict[str, Any]) -> str:
     low, high, predicted = row["measured_fits"], row["measured_fails"], row["predicted_ceiling"]
     if low is not None and predicted < low:
         return "below a batch that trained"
-    if high is not None and predicted >= high:
+    if high is not None and predicted == high:
+        return "at a batch that failed"
+    if high is not None and predicted > high:
         return "above a batch that failed"
     return "inside its range"
 
