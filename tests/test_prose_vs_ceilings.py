@@ -428,7 +428,7 @@ def test_a_search_with_fewer_dataloader_workers_answers_for_the_recipe_s_and_che
     assert prose.loader_reading(merged) == (
         "‡ The dataloader workers collate pages on the host; where the lent host's memory cannot hold the recipe's, a "
         "search runs with fewer. ColQwen2 lik on 141 GB (whole H200) trained with 1 dataloader worker: with the recipe's "
-        "4 its search stands at ≥ 288 (the probe at 320 ran out of host memory). At B = 288, trained both ways (1 probe), "
+        "4 its search stands at ≥ 288 (the probe at 320 ran out of host memory). At B=288, trained both ways (1 probe), "
         "every step's peaks differ by at most 3 MiB allocated and 0 MiB reserved.")  # fmt: skip
     # before the search with fewer workers has a probe, the recipe's answers alone, and nothing is said
     alone = data.with_fewer_workers([recipe_row, pylate, dataclasses.replace(fewer_row, probes=0)], probes)
@@ -515,3 +515,15 @@ def test_the_searches_that_train_one_seed_are_pylate_s_whose_seeds_never_changed
     assert pylate.batches >= 40 and pylate.differing == () and pylate.lengths == ((48, 300),)
     assert pylate.alloc_mib < 64 and pylate.reserved_mib < 64
     assert data.seed_effect(results, "colpali").differing  # the contrast the page draws: ColQwen2's seeds do
+
+
+def test_a_loader_check_with_no_difference_says_the_peaks_are_the_same():
+    """ColQwen2 lik's B=288 on the whole H200 trained with 1 and with 4 dataloader workers: where every
+    step's peaks match to the MiB, the page says so instead of 'differ by at most 0 MiB'."""
+    searches = data.ceilings(data.read())
+    checked = [row for row in searches if row.loader_check]
+    text = prose.loader_reading(searches)
+    assert "differ by at most 0 MiB allocated and 0 MiB reserved" not in text
+    for row in checked:
+        same = round(max(c.alloc_mib for c in row.loader_check)) == 0 and round(max(c.reserved_mib for c in row.loader_check)) == 0
+        assert ("are the same to the MiB" in text) == same or len(checked) > 1

@@ -1481,8 +1481,10 @@ def loader_reading(searches: Sequence[SearchRow]) -> str:
             reserved = max(check.reserved_mib for check in row.loader_check)
             seeds = len(row.loader_check)
             probes = f"{seeds} probe{'' if seeds == 1 else 's'}"
-            text += (f" At B = {', '.join(map(str, batches))}, trained both ways ({probes}), every "
-                     f"step's peaks differ by at most {alloc:.0f} MiB allocated and {reserved:.0f} MiB reserved.")  # fmt: skip
+            same = round(alloc) == 0 and round(reserved) == 0
+            text += (f" At B={', '.join(map(str, batches))}, trained both ways ({probes}), every step's peaks "
+                     + ("are the same to the MiB, allocated and reserved." if same else
+                        f"differ by at most {alloc:.0f} MiB allocated and {reserved:.0f} MiB reserved."))  # fmt: skip
         else:
             text += " No batch has trained both ways yet: whether the workers change the GPU's bytes is unchecked."
         said.append(text)
