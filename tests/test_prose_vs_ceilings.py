@@ -525,5 +525,6 @@ def test_a_loader_check_with_no_difference_says_the_peaks_are_the_same():
     text = prose.loader_reading(searches)
     assert "differ by at most 0 MiB allocated and 0 MiB reserved" not in text
     for row in checked:
-        same = round(max(c.alloc_mib for c in row.loader_check)) == 0 and round(max(c.reserved_mib for c in row.loader_check)) == 0
+        checks = row.loader_check
+        same = round(max(c.alloc_mib for c in checks)) == 0 and round(max(c.reserved_mib for c in checks)) == 0
         assert ("are the same to the MiB" in text) == same or len(checked) > 1
