@@ -132,3 +132,12 @@ def test_a_prediction_at_the_batch_that_failed_is_said_to_be_at_it_not_above_it(
     assert predictions._inside({**row, "predicted_ceiling": 96}) == "above a batch that failed"
     assert predictions._inside({**row, "predicted_ceiling": 86}) == "inside its range"
     assert predictions._inside({**row, "predicted_ceiling": 80}) == "below a batch that trained"
+
+
+def test_the_worst_miss_is_named_in_words_not_by_its_search_id():
+    document = predictions.validation()
+    worst = document["summary"].get("worst")
+    words = predictions.summary_words(document)
+    if worst and worst.get("wrong_term"):
+        assert worst["search_id"] not in words and "(0." not in words  # no ids, no '(a, b]' notation
+        assert f"predicted {worst['predicted_ceiling']} against a measured {worst['measured_ceiling']}" in words

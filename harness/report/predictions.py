@@ -103,6 +103,17 @@ def _inside(row: dict[str, Any]) -> str:
     return "inside its range"
 
 
+def _note_words(note: str) -> str:
+    """The validation's note on a miss, for a sentence of its own: card ids by their names, a half-open
+    interval '(0.397, 0.534]' as 'a margin above 0.397 and at most 0.534', the first letter capitalised."""
+    import re
+
+    for card in sorted(CARDS, key=len, reverse=True):
+        note = re.sub(rf"\b{re.escape(card)}\b", _card(card), note)
+    note = re.sub(r"\(([0-9.]+), ([0-9.]+)\]", r"a margin above \1 and at most \2", note)
+    return note[:1].upper() + note[1:]
+
+
 def judged_by_allocator(document: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """Per allocator (in :data:`ALLOCATORS` order), the finished searches the validation judged and how many
     of them are within the goal: allocator → (within, judged)."""
@@ -133,9 +144,12 @@ def summary_words(document: dict[str, Any]) -> str:
     if worst and worst.get("wrong_term"):
         where = next((row["allocator"] for row in document["validation"] if row["search_id"] == worst["search_id"]), None)
         under = "" if where is None else f" ({_under(where)})"
-        text += (f" The worst is {worst['search_id']}{under}: predicted {worst['predicted_ceiling']} against a measured "
+        row = next((row for row in document["validation"] if row["search_id"] == worst["search_id"]), None)
+        name = worst["search_id"] if row is None else (
+            f"{regime_label(row['stack'], row['regime'])} · {row['backend']} on {_card(row['card'])}")  # fmt: skip
+        text += (f" The worst is {name}{under}: predicted {worst['predicted_ceiling']} against a measured "
                  f"{worst['measured_ceiling']} ({percent(100 * worst['error_fraction'], '+.0f')}); the wrong term is the "
-                 f"{worst['wrong_term']} ({worst['note']}).")  # fmt: skip
+                 f"{worst['wrong_term']}. {_note_words(str(worst['note']))}.")  # fmt: skip
     unfinished = [row for row in document["validation"]
                   if row["within_goal"] is None and row["predicted_ceiling"] is not None and row["measured_fits"]]  # fmt: skip
     if unfinished:
