@@ -41,8 +41,8 @@ def test_a_ceiling_a_long_run_could_not_train_at_is_marked_and_said():
     assert text.ceiling_text(rows[1]) == "160† (OOM at step 27 of 100)"
     assert text.ceiling_text(rows[0]) == "120"  # a long run that held changes nothing of the answer
     advice = decision.advice(rows, "pylate", "grad-checkpoint")
-    assert advice.startswith("On 80 GB, where the searches have settled, lik trains the largest batch: 160 against 120 "
-                             "on 80 GB, 1.33×† (over 8 steps)")  # the gain is marked as the 8-step one it is
+    assert advice.startswith("On 80 GB, where the searches have settled, lik trains the largest batch: 160† (over 8 "
+                             "steps) against 120 on 80 GB, 1.33×")  # the batch is marked as the 8-step one it is
     assert advice.endswith(". Over a long run, vanilla's 120 on 80 GB trained all 100 steps; lik's 160 on 80 GB ran out "
                            "of memory at step 27 of 100, so that 8-step ceiling is not a batch a run can train at.")  # fmt: skip
     assert decision.long_run_words([base, fused]) == ""  # no long run: nothing said
@@ -107,7 +107,10 @@ def test_the_committed_recommendations_follow_the_committed_ceilings(committed):
             best = max(r.settled or 0 for r in mine if r.card == card)
             vanilla = next(r for r in mine if r.card == card and r.backend == "vanilla")
             if best > (vanilla.settled or 0):  # the sentence names the gain over vanilla on that card
-                assert f"{best} against {vanilla.settled} on {card_short(card)}, {best / vanilla.settled:.2f}×" in text
+                winner = next(r for r in mine if r.card == card and r.settled == best)
+                ran_out = winner.long_run is not None and winner.long_run.ran_out
+                mark = f"{decision.LONG_RUN_MARK} (over {winner.search.steps} steps)" if ran_out else ""
+                assert f"{best}{mark} against {vanilla.settled} on {card_short(card)}, {best / vanilla.settled:.2f}×" in text
         table = decision.decision_table(searches, stack, regime)
         for r in mine:  # every entry of the table is its search's state, marked while it runs
             value = table.set_index("backend").loc[r.backend.replace(" ", "\u00a0"), decision.card_column(r.card)]

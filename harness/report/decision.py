@@ -296,8 +296,8 @@ def advice(searches: Sequence[SearchRow], stack: str, regime: str) -> str:
         if base is not None and base.settled and best_row.settled and best_row.backend != "vanilla":
             run = best_row.long_run  # an 8-step ceiling a long run could not train at says so where it is compared
             mark = f"{LONG_RUN_MARK} (over {best_row.search.steps} steps)" if run is not None and run.ran_out else ""
-            gains.append(f"{best_row.settled} against {base.settled} on {card_short(card)}, "
-                         f"{best_row.settled / base.settled:.2f}×{mark}")  # fmt: skip
+            gains.append(f"{best_row.settled}{mark} against {base.settled} on {card_short(card)}, "
+                         f"{best_row.settled / base.settled:.2f}×")  # fmt: skip
     cards = joined([card_short(card) for card in decided])
     if everywhere:
         verb = "trains" if len(everywhere) == 1 else "train"
