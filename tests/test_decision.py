@@ -186,3 +186,13 @@ def test_a_fused_backend_is_said_to_move_the_failure_only_where_vanilla_s_failed
         "vanilla's next batch failed in the op, so there the fused backend moves the failure out of the score op.")
     assert prose.fused_failure_places(rows[2:]) == (
         "In the one search of a fused backend whose next batch has failed, it failed outside the op.")
+
+
+def test_the_front_page_answer_is_the_recommendation_its_table_and_the_step_time_line(committed):
+    cells, searches = committed
+    for stack, regime in decision.regimes(searches):
+        pieces = decision.answer(searches, cells, stack, regime, caveat="(caveat)")
+        assert pieces[0] == f"**{decision.regime_name(stack, regime)}.** {decision.advice(searches, stack, regime)} (caveat)"
+        assert pieces[-1] == decision.time_words(decision.timed_batch(cells, stack, regime))
+        assert len(pieces) == 2 + decision.started(searches, stack, regime)
+    assert decision.answer(searches, cells, "colpali", "plain", lead="Lead.")[0].startswith("Lead. ")

@@ -270,6 +270,20 @@ def _against_vanilla(lower: LongRunVerdict, row: SearchRow, rows: Sequence[Searc
     return ""
 
 
+def answer(searches: Sequence[SearchRow], cells: pd.DataFrame, stack: str, regime: str,
+           predicted: Mapping[tuple[str, ...], int] | None = None, noise: timing.RunNoise | None = None,
+           caveat: str = "", lead: str | None = None) -> list[str | pd.DataFrame]:  # fmt: skip
+    """One regime's answer as the front page gives it, in order: the recommendation (after ``lead``, the
+    regime's name in bold by default, and followed by ``caveat``), its ceiling table where a search has
+    started, and the step-time line. The ColQwen2 page opens with the same answer."""
+    lead = f"**{regime_name(stack, regime)}.**" if lead is None else lead
+    parts: list[str | pd.DataFrame] = [f"{lead} {advice(searches, stack, regime)}" + (f" {caveat}" if caveat else "")]
+    if started(searches, stack, regime, predicted):
+        parts.append(decision_table(searches, stack, regime, predicted))
+    parts.append(time_words(timed_batch(cells, stack, regime, noise=noise)))
+    return parts
+
+
 def advice(searches: Sequence[SearchRow], stack: str, regime: str) -> str:
     """What to use for one regime, in one sentence computed from the finished searches: which backends
     train the largest batch on the cards whose searches have all finished, by how much against vanilla,

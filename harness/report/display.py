@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -33,6 +33,15 @@ def markdown(text: str) -> None:
 
     if text:
         display(Markdown(text))
+
+
+def parts(items: Sequence[str | pd.DataFrame | Figure]) -> None:
+    """Display a page's pieces in order: text as markdown, tables and figures with :func:`show`."""
+    for item in items:
+        if isinstance(item, str):
+            markdown(item)
+        else:
+            show(item)
 
 
 def bullets(lines: list[str]) -> None:
