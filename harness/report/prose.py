@@ -1101,19 +1101,13 @@ def published_time_reading(cells: pd.DataFrame, published: pd.DataFrame, noise: 
             of_ratios = timing.Ratio(ours.value / published_speed, ours.low / published_speed, ours.high / published_speed)
             parts.append(f"at B={batch}, {backend} against {base}: published {published_speed:.2f}× (no interval), ours "
                          f"{timing.ratio_words(ours, noise=band)}, "
-                         f"ratio of ratios {_ratio_interval(of_ratios)}")  # fmt: skip
+                         f"ratio of ratios {timing.interval_text(of_ratios)}")  # fmt: skip
     if not parts:
         return ""
     return ("Speed against the reference backend at the same batch (the published run on an H100 80 GB, ours on an "
             "H200 capped to that card, so only ratios within each run compare; a published ratio is of two single "
             "published times, which give no spread, so it has no interval, and the ratio of ratios carries ours): "
             + "; ".join(parts) + ".")  # fmt: skip
-
-
-def _ratio_interval(ratio: timing.Ratio) -> str:
-    """'0.98 (0.97–0.99)': a ratio with its 95% interval, three decimals where two would read as one number."""
-    digits = 3 if f"{ratio.low:.2f}" == f"{ratio.high:.2f}" and ratio.low != ratio.high else 2
-    return f"{ratio.value:.{digits}f} ({ratio.low:.{digits}f}–{ratio.high:.{digits}f})"
 
 
 def repeat_reading(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:

@@ -215,15 +215,10 @@ def published_time_table(cells: pd.DataFrame, published: pd.DataFrame) -> pd.Dat
             "batch": ref["batch_size"], "backend": nowrap(backend),
             "published s / step (H100)": theirs,
             "ours s / step (H200 as the 80 GB card)": "not timed" if mine is None else sig(ours.iloc[0]["steady_step_time_sec"]),
-            "ours ÷ published (95% interval)": "" if mine is None else nowrap(_ratio_text(timing.ratio(mine, [seconds]))),
+            "ours ÷ published (95% interval)": "" if mine is None else nowrap(
+                timing.interval_text(timing.ratio(mine, [seconds]))),
         })  # fmt: skip
     return pd.DataFrame(rows)
-
-
-def _ratio_text(ratio: timing.Ratio) -> str:
-    """'0.45 (0.44–0.46)': a ratio and its interval, to two decimals (three where two would read as one number)."""
-    digits = 3 if f"{ratio.low:.2f}" == f"{ratio.high:.2f}" and ratio.low != ratio.high else 2
-    return f"{ratio.value:.{digits}f} ({ratio.low:.{digits}f}–{ratio.high:.{digits}f})"
 
 
 def repeat_table(pairs: Sequence[tuple[Any, Any]]) -> pd.DataFrame:

@@ -119,6 +119,13 @@ def autotune(result: CellResult) -> Autotune | None:
     return Autotune(result.step_times_sec[0], retunes, None if steady is None else steady.median)
 
 
+def interval_text(ratio: Ratio) -> str:
+    """'0.45 (0.44–0.46)': a ratio and its 95% interval, to two decimals (three where two would read as
+    one number)."""
+    digits = 3 if f"{ratio.low:.2f}" == f"{ratio.high:.2f}" and ratio.low != ratio.high else 2
+    return f"{ratio.value:.{digits}f} ({ratio.low:.{digits}f}–{ratio.high:.{digits}f})"
+
+
 def ratio_words(value: Ratio, faster: str = "faster", slower: str = "slower", noise: float | None = None,
                 compact: bool = False) -> str:
     """``1.31× faster (1.25–1.37)``, ``1.02× slower (1.01–1.03)`` (a speed ratio below 1 is said as
