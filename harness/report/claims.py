@@ -35,7 +35,7 @@ from harness.grid import ROOT
 from harness.report import data, timing
 from harness.report.data import GIB_PER_MIB, SearchRow, find_search
 from harness.report.tables import call_tokens
-from harness.report.text import card_label, ceiling_text, counted, failed_request, missing, percent, signed, significant
+from harness.report.text import card_label, ceiling_text, counted, failed_request, joined, missing, percent, signed, significant
 
 CLAIMS = ROOT / "book" / "data" / "published_claims.csv"
 FIELDS = ["id", "section", "claim", "source", "published", "unit", "quantity", "stack", "regime", "batch", "backend",
@@ -955,8 +955,7 @@ def speed_words(value: timing.Ratio, noise: float | None) -> str:
 
 def batch_list(batches: Sequence[int]) -> str:
     """'B=128', 'B=128 and 256', 'B=64, 128 and 256'."""
-    names = [str(batch) for batch in batches]
-    return "B=" + (names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}")
+    return "B=" + joined([str(batch) for batch in batches])
 
 
 def ceiling_range(row: SearchRow) -> tuple[int, float]:

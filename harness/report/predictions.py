@@ -5,6 +5,7 @@ and computed sentences. Every figure here is labelled predicted; torch-free like
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -106,8 +107,6 @@ def _inside(row: dict[str, Any]) -> str:
 def _note_words(note: str) -> str:
     """The validation's note on a miss, for a sentence of its own: card ids by their names, a half-open
     interval '(0.397, 0.534]' as 'a margin above 0.397 and at most 0.534', the first letter capitalised."""
-    import re
-
     for card in sorted(CARDS, key=len, reverse=True):
         note = re.sub(rf"\b{re.escape(card)}\b", _card(card), note)
     note = re.sub(r"\(([0-9.]+), ([0-9.]+)\]", r"a margin above \1 and at most \2", note)

@@ -628,12 +628,14 @@ def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow]
     return text
 
 
-def against_checkpointing(cells: pd.DataFrame, noise: float | None = None) -> str:
+def against_checkpointing(cells: pd.DataFrame, noise: timing.RunNoise | None = None) -> str:
     """GradCache's step time beside gradient checkpointing's at the same batch, backend and card,
-    for every pair timed alone, in words (empty where none is); ``noise`` is the wider of the two
-    regimes' run-to-run noise, inside which a ratio reads no difference."""
+    for every pair timed alone, in words (empty where none is); a ratio inside the wider of the two
+    regimes' run-to-run noise (``noise``) reads no difference."""
     if cells.empty:
         return ""
+    band = None if noise is None else max((noise.of("pylate", regime) or 0.0 for regime in (GRADCACHE, "grad-checkpoint")),
+                                          default=0.0) or None  # fmt: skip
     timed = tables.timed(cells)
     timed = timed[(timed["stack"] == "pylate") & (timed["allocator"] == "default")]
     cached = timed[timed["regime"] == GRADCACHE]
@@ -647,7 +649,7 @@ def against_checkpointing(cells: pd.DataFrame, noise: float | None = None) -> st
         ratio = timing.ratio(list(row["steady_times_sec"]), list(other["steady_times_sec"]))
         parts.append(f"{row['backend']} at B = {row['batch_size']} on the {card_short(str(row['card']))} card: "
                      f"{row['steady_step_time_sec']:.2f} s against {other['steady_step_time_sec']:.2f} s, "
-                     f"{timing.ratio_words(ratio, faster='longer', slower='shorter', noise=noise)}")  # fmt: skip
+                     f"{timing.ratio_words(ratio, faster='longer', slower='shorter', noise=band)}")  # fmt: skip
     if not parts:
         return ""
     return ("A GradCache step beside a gradient-checkpointing step of the same batch and backend (both timed "
