@@ -34,7 +34,7 @@ import pandas as pd
 from harness.grid import ROOT
 from harness.report import data, timing
 from harness.report.data import GIB_PER_MIB, SearchRow, find_search
-from harness.report.tables import call_tokens
+from harness.report.tables import Shape, call_shape, call_tokens, shape_words
 from harness.report.text import card_label, ceiling_text, counted, failed_request, joined, missing, percent, signed, significant
 
 CLAIMS = ROOT / "book" / "data" / "published_claims.csv"
@@ -304,19 +304,6 @@ def op_tokens(calls: pd.DataFrame, cell: pd.Series) -> str:
     if mine.empty:
         return ""
     return call_tokens(mine.loc[mine["saved_for_backward_mib"].idxmax()])
-
-
-Shape = tuple[int, tuple[int, ...]]  # a call's tokens: per query, and per document slot
-
-
-def call_shape(call: pd.Series) -> Shape:
-    """A recorded call's tokens, whatever its batch: (44, (771,)); PyLate's (48, (2, 300))."""
-    return int(list(call["query_shape"])[1]), tuple(int(n) for n in list(call["doc_shape"])[1:-1])
-
-
-def shape_words(shape: Shape) -> str:
-    """'56 × 778', '48 × 2·300': the same words as :func:`harness.report.tables.call_tokens`."""
-    return f"{shape[0]} × {'·'.join(str(n) for n in shape[1])}"
 
 
 def op_totals_by_shape(calls: pd.DataFrame, cell: pd.Series) -> dict[Shape, float]:

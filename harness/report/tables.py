@@ -87,11 +87,22 @@ def largest_call(calls: pd.DataFrame) -> pd.Series:
     return calls.iloc[int(calls["predicted_saved_for_backward_mib"].to_numpy().argmax())]
 
 
+Shape = tuple[int, tuple[int, ...]]  # a call's tokens: per query, and per document slot
+
+
+def call_shape(call: pd.Series) -> Shape:
+    """A recorded call's tokens, whatever its batch: (44, (771,)); PyLate's (48, (2, 300))."""
+    return int(list(call["query_shape"])[1]), tuple(int(n) for n in list(call["doc_shape"])[1:-1])
+
+
+def shape_words(shape: Shape) -> str:
+    """'56 × 778', '48 × 2·300' (PyLate: 2 documents of 300)."""
+    return f"{shape[0]} × {'·'.join(str(n) for n in shape[1])}"
+
+
 def call_tokens(call: pd.Series) -> str:
-    """A recorded call's tokens per query and per document: '44 × 770', '48 × 2·300' (PyLate: 2 documents of 300)."""
-    query, doc = list(call["query_shape"]), list(call["doc_shape"])
-    documents = "·".join(str(n) for n in doc[1:-1])
-    return f"{query[1]} × {documents}"
+    """A recorded call's tokens per query and per document: '44 × 770', '48 × 2·300'."""
+    return shape_words(call_shape(call))
 
 
 def _prediction_gap(call: pd.Series) -> str:
