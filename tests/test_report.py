@@ -350,7 +350,7 @@ def test_op_level_cells_give_a_speed_table_and_a_speedup_plot(tmp_path):
     from harness.spec import OpSpec, with_fields
 
     folder = tmp_path / "anywhere"
-    expected = set()
+    expected, ratios = set(), []
     for batch in (2, 4):
         spec = OpSpec(stack="op-pylate", head="inbatch", batch_size=batch, reps=4, warmup=1, rotate=2, query_length=6,
                       doc_length=10, device="cpu")  # fmt: skip
@@ -379,6 +379,7 @@ def test_op_level_cells_give_a_speed_table_and_a_speedup_plot(tmp_path):
         steady = [vanilla.step_times_sec[i] for i in vanilla.steady_steps]
         ratio = timing.ratio(steady, [t / 2 for t in steady])
         assert ratio.value == pytest.approx(2.0)
+        ratios.append(ratio)
         expected.add(timing.ratio_words(ratio, compact=True))  # the speed with its bootstrap 95% interval
     cells, calls = data.load(tmp_path)
     ops = data.op_level(cells, calls)
@@ -390,8 +391,11 @@ def test_op_level_cells_give_a_speed_table_and_a_speedup_plot(tmp_path):
     untimed = ops.assign(times_comparable=False)  # measured before the timing rule: memory only
     assert set(tables.op_speed_table(untimed)["median (ms)"]) == {""} and tables.timed(untimed).empty
     figure = plots.plot_op_speedup(ops, "op")
-    assert len(figure.axes[0].lines) == 2  # the lik speedup line and the 1× reference
-    assert figure.axes[0].lines[0].get_color() == style.colour("lik")
+    (bars,) = figure.axes[0].containers  # the lik speedup line with its intervals; the 1× reference beside it
+    line, _, (spans,) = bars
+    assert line.get_color() == style.colour("lik") and list(line.get_ydata()) == pytest.approx([2.0, 2.0])
+    drawn = sorted(float(end) for (_, low), (_, high) in spans.get_segments() for end in (low, high))
+    assert drawn == pytest.approx(sorted(end for r in ratios for end in (r.low, r.high)))  # each bootstrap 95% interval
 
 
 def test_a_stack_page_screenshot_shows_its_table_and_plot(tmp_path, tmp_path_factory):

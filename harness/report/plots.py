@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
-from harness.report import style
+from harness.report import style, timing
 from harness.report.data import GIB_PER_MIB, SearchRow
 from harness.report.text import LONG_RUN_MARK, card_label, card_short, cards_in_order, missing
 from harness.spec import CARDS
@@ -274,8 +274,8 @@ def draw_ceilings(axis: Axes, searches: Sequence[SearchRow], short_cards: bool =
 
 
 def plot_op_speedup(ops: pd.DataFrame, title: str) -> Figure:
-    """Fused speedup over vanilla vs batch size: one panel per head, a line per backend × negatives
-    (the backend's colour, a line style per number of negatives)."""
+    """Fused speedup over vanilla vs batch size, with its bootstrap 95% interval as an error bar: one panel
+    per head, a line per backend × negatives (the backend's colour, a line style per number of negatives)."""
     done = ops[(ops["outcome"] == "ok") & ops["times_comparable"].astype(bool)]  # times under the timing rule only
     heads = list(dict.fromkeys(zip(done["stack"], done["regime"], strict=True)))
     columns = min(len(heads), 2) or 1
@@ -291,16 +291,20 @@ def plot_op_speedup(ops: pd.DataFrame, title: str) -> Figure:
                 continue
             same = mine["negatives"].fillna(-1) == (-1 if pd.isna(negatives) else negatives)
             vanilla = mine[same & (mine["variant"] == "vanilla")]
-            joined = group.merge(vanilla[["batch_size", "steady_step_time_sec"]], on="batch_size", suffixes=("", "_vanilla"))
+            joined = group.merge(vanilla[["batch_size", "steady_times_sec"]], on="batch_size", suffixes=("", "_vanilla"))
             if joined.empty:
                 continue
             joined = joined.sort_values("batch_size")
             look = style.look(variant)
             line = "-" if pd.isna(negatives) else dashes[negatives_seen.index(int(negatives)) % len(dashes)]
             label = variant + ("" if pd.isna(negatives) else f", N={int(negatives)}")
-            speedup = joined["steady_step_time_sec_vanilla"] / joined["steady_step_time_sec"]
-            axis.plot(joined["batch_size"], speedup, marker=look.marker, markersize=look.size - 1, color=look.colour,
-                      linestyle=line, label=label)  # fmt: skip
+            speedups = [timing.ratio(list(base), list(mine))  # the table's ratio: vanilla's median over the backend's
+                        for base, mine in zip(joined["steady_times_sec_vanilla"], joined["steady_times_sec"], strict=True)]
+            value = np.array([speedup.value for speedup in speedups])
+            spread = np.array([[speedup.value - speedup.low for speedup in speedups],
+                               [speedup.high - speedup.value for speedup in speedups]])  # its bootstrap 95% interval
+            axis.errorbar(joined["batch_size"], value, yerr=spread, marker=look.marker, markersize=look.size - 1,
+                          color=look.colour, linestyle=line, capsize=3, label=label)  # fmt: skip
         axis.axhline(1.0, color="grey", linewidth=0.8)
         axis.set_xscale("log", base=2)
         _batch_ticks(axis, mine["batch_size"].unique())
