@@ -702,9 +702,7 @@ def batch_reach(cells: pd.DataFrame, searches: Sequence[SearchRow], probes: pd.D
         if row is None or row.probes == 0:
             continue
         failed = _default(probes, stack=stack, regime=regime, backend=backend, card=card, outcome="oom")
-        ceiling, notes = ceiling_text(row), []
-        if ceiling.endswith(" (searching)"):
-            ceiling, notes = ceiling.removesuffix(" (searching)"), ["searching"]
+        ceiling, notes = ceiling_text(row, running_note=""), ["searching"] if row.running else []
         if not failed.empty:
             batches = [str(b) for b in sorted({int(b) for b in failed["batch_size"]})]
             where = {"maxsim": "in the MaxSim op", "elsewhere": "outside the op"}
