@@ -835,10 +835,10 @@ def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
         low, high = min(ratio.low for ratio in times), max(ratio.high for ratio in times)
         digits = ".3f" if span(low, high, ".2f") == span(min(values), max(values), ".2f") else ".2f"
         interval = span(low, high, digits)
-        sentences.append(f"Our steady step times are {span(min(values), max(values), digits)}× the published ones "
-                         f"({len(times)} cells; {interval} with each cell's bootstrap 95% interval, which is our median's "
-                         "alone: a published time is one figure, with no spread): the H200 is not the H100, so compare "
-                         "backends within one run, not across the two")  # fmt: skip
+        sentences.append(f"Our steady step times are {span(min(values), max(values), digits)}× the published ones over "
+                         f"{len(times)} cells ({interval} with each cell's bootstrap 95% interval, which covers our median "
+                         "only, since a published time is one figure with no spread)")  # fmt: skip
+        sentences.append("The H200 is not the H100, so compare backends within one run, not across the two")
     return ". ".join(sentences) + "."
 
 
