@@ -154,6 +154,12 @@ def gpu_words(name: str) -> str:
     return name.removeprefix("NVIDIA ")
 
 
+def gpu_text(name: object) -> str:
+    """The GPU a result records, in a table: 'NVIDIA H100 80GB HBM3' → 'H100 80GB HBM3'; 'unrecorded' for a
+    result that does not name its GPU (the results table and the cell notebooks' index alike)."""
+    return "unrecorded" if missing(name) or not name else gpu_words(str(name))
+
+
 def card_short(name: str) -> str:
     """A card in a narrow column: '80 GB', '141 GB (whole H200)'."""
     profile = CARDS.get(name)
