@@ -261,6 +261,23 @@ def test_the_op_page_says_what_its_tables_show_and_shows_identical_heads_once():
     assert any(len(tables.shared_heads(name)) > 1 for name in shown)  # the two negative-CE losses: one table
 
 
+def test_the_op_page_says_how_many_op_cells_were_timed_only_where_one_was():
+    """op.md: the coverage line under the tables' lead is the stack pages' (how many were timed, why the others
+    are not), and nothing where no op cell was timed: the lead says so then."""
+    from harness.report import data, tables
+
+    cells, calls = data.load()
+    ops = data.op_level(cells, calls)
+    trained = int((ops["outcome"] == "ok").sum())
+    untimed = ops.assign(times_comparable=False)  # as committed today: no op cell ran alone
+    assert prose.timing_coverage(untimed).startswith("None of the") and prose.op_timing_coverage(untimed) == ""
+    assert prose.op_timing_coverage(ops) == ("" if tables.timed(ops).empty else prose.timing_coverage(ops))
+    half = ops.assign(times_comparable=[k % 2 == 0 for k in range(len(ops))])
+    timed = len(tables.timed(half))
+    assert 0 < timed < trained and prose.op_timing_coverage(half).startswith(f"{timed} of the {trained} cells")
+    assert "prose.op_timing_coverage(ops)" in (ROOT / "book" / "op.md").read_text()
+
+
 def op_table_of(ops: pd.DataFrame, head: str) -> pd.DataFrame:
     """One head's memory table alone, its rows as the op page's table lists them."""
     stack, _, regime = head.partition(" · ")

@@ -529,6 +529,24 @@ def test_a_loader_check_with_no_difference_says_the_peaks_are_the_same():
         assert ("are the same to the MiB" in text) == same or len(checked) > 1
 
 
+def test_the_colpali_page_keys_the_loader_mark_only_under_a_reach_that_shows_it(searches):
+    """colpali.md: under the whole H200's reach, the key to ‡ is the loader reading of that card's searches where
+    the reach shows the mark, and nothing where it does not."""
+    from harness.report.text import LOADER_MARK
+
+    colpali = [row for row in searches if (row.stack, row.regime) == ("colpali", "plain")]
+    native = [row for row in colpali if row.card == "native"]
+    marked = [row for row in native if row.search.dataloader_workers is not None and row.probes]
+    assert marked  # the committed ColQwen2 lik search on the whole H200 collated with fewer workers
+    reach = prose.batch_reach(data.load()[0], searches, data.ceiling_probes(data.read()), "colpali", "plain", "native")
+    assert LOADER_MARK in reach
+    key = prose.loader_key(reach, colpali, "native")
+    assert key == prose.loader_reading(native) and key.startswith(f"{LOADER_MARK} ")
+    assert prose.loader_key(reach.replace(LOADER_MARK, ""), colpali, "native") == ""
+    other = [row for row in colpali if row.card != "native" and row.search.dataloader_workers is not None and row.probes]
+    assert all(prose._search_name(row) not in key for row in other)  # only that card's searches
+
+
 def test_the_ceilings_page_marks_a_running_search_as_every_page_does(searches):
     """ceilings.md: a search still under way reads 'A–B*' in its tables, as on the front page, never
     'A–B (searching)', and the page's key explains the mark."""

@@ -1059,6 +1059,12 @@ def timing_coverage(cells: pd.DataFrame) -> str:
             f"are shown. The others: {why}.")  # fmt: skip
 
 
+def op_timing_coverage(ops: pd.DataFrame) -> str:
+    """The op page's line under its tables' lead: :func:`timing_coverage` of its op cells, or '' where none
+    was timed (:func:`op_tables_lead` says so then, and the 'none was timed' sentence would repeat it)."""
+    return "" if timed(ops).empty else timing_coverage(ops)
+
+
 def published_time_lead(table: pd.DataFrame, published: pd.DataFrame) -> str:
     """The sentence before the published step-time table: what it sets side by side, or — where it is
     empty — why there is none (the published run timed no cell of this regime, or none we timed), so a
@@ -1484,6 +1490,14 @@ def loader_reading(searches: Sequence[SearchRow]) -> str:
         return ""
     return (f"{LOADER_MARK} The dataloader workers collate pages on the host; where the lent host's memory cannot hold "
             f"the recipe's, a search runs with fewer. {' '.join(said)}")  # fmt: skip
+
+
+def loader_key(shown: str, searches: Sequence[SearchRow], card: str | None = None) -> str:
+    """The key to :data:`LOADER_MARK` under a text that shows it: :func:`loader_reading` of the searches
+    (those on ``card``, where given), or '' where ``shown`` has no such mark to explain."""
+    if LOADER_MARK not in shown:
+        return ""
+    return loader_reading([row for row in searches if card is None or row.card == card])
 
 
 def crash_reading(searches: Sequence[SearchRow], collate: pd.DataFrame | None = None) -> str:
