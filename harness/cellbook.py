@@ -47,7 +47,7 @@ import pandas as pd
 
 from harness import display
 from harness.report import data
-from harness.report.text import ANSI_COLOUR, gpu_words, regime_label
+from harness.report.text import ANSI_COLOUR, gpu_text, regime_label
 from harness.results import CellResult
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,12 +283,6 @@ def _peak_gib(result: CellResult) -> str:
 CELL_STYLE = "white-space: nowrap; padding: 0.1em 1em 0.1em 0; text-align: left"
 
 
-def gpu(result: CellResult) -> str:
-    """The GPU a cell ran on, as its result records it ('H200', 'H100 80GB HBM3'); 'unrecorded' where it is not."""
-    name = result.env.device_name if result.env is not None else None
-    return gpu_words(name) if name else "unrecorded"
-
-
 def group_name(stack: str, regime: str, kind: str) -> str:
     """A group's heading in the index: a training regime by the report's name for it ('ColQwen2 + LoRA
     (colpali-engine recipe)', not its cell ids' 'plain'); an op-level cell's stack and loss head."""
@@ -328,8 +322,9 @@ def index_html(results: data.Results, grid: str, cells_dir: Path = CELLS_DIR, pa
             extra += [f"{result.allocator} allocator"] if result.allocator != "default" else []
             extra += [f"seed {result.seed}"] if result.seed != 42 else []
             outcome = result.outcome + (f" ({result.failure.replace('_', ' ')})" if result.failure else "")
+            gpu = gpu_text(None if result.env is None else result.env.device_name)
             cells = [link, display.backend(result) + "".join(f" · {e}" for e in extra),
-                     result.card, gpu(result), outcome, _peak_gib(result), _alone_time(result)]  # fmt: skip
+                     result.card, gpu, outcome, _peak_gib(result), _alone_time(result)]  # fmt: skip
             texts = [cells[0], *(html.escape(cell) for cell in cells[1:])]
             rows.append("<tr>" + "".join(f'<td style="{CELL_STYLE}">{text}</td>' for text in texts) + "</tr>")
         names = ("notebook (batch)", "backend", "card", "GPU", "outcome", "peak (GiB)", "s / step")

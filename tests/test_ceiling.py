@@ -444,6 +444,11 @@ def test_an_unfinished_search_reads_as_its_bracket():
     assert text.ceiling_text(dataclasses.replace(row, ceiling=Ceiling(fits=256, next_batch=512))) == "≥ 256 (searching)"
     assert text.ceiling_text(dataclasses.replace(row, probes=0)) == "not run"
     assert text.card_label("native") == "141 GB (the whole H200)"
+    # a table marks it as every page's key does; a sentence that says "still searching" takes the bare range
+    assert text.ceiling_entry(row) == "256–511*" and text.ceiling_text(row, running_note="") == "256–511"
+    assert text.ceiling_entry(dataclasses.replace(row, ceiling=Ceiling(fits=256, next_batch=512))) == "≥ 256*"
+    assert row.running and not dataclasses.replace(row, probes=0).running
+    assert text.ceiling_entry(dataclasses.replace(row, ceiling=Ceiling(fits=256, fails=512))) == "256"
 
 
 def test_a_result_run_with_other_settings_is_not_taken_for_a_probe(layout, monkeypatch):

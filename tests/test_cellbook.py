@@ -329,6 +329,15 @@ def test_the_index_names_each_cells_gpu_and_each_recipe_as_the_pages_do(results)
     assert f"<strong>{REGIME_NAMES[('colpali', 'plain')]}</strong>" in cellbook.index_html(results, "published")
 
 
+def test_the_index_and_the_results_table_name_a_gpu_with_one_function():
+    """A GPU as a result records it reads alike in the cell notebooks' index and the results table."""
+    from harness.report import results_table, text
+
+    assert text.gpu_text("NVIDIA H100 80GB HBM3") == "H100 80GB HBM3" and text.gpu_text("NVIDIA H200") == "H200"
+    assert [text.gpu_text(name) for name in (None, float("nan"), "")] == ["unrecorded"] * 3
+    assert cellbook.gpu_text is results_table.gpu_text is text.gpu_text
+
+
 def test_every_grid_has_its_own_section_on_the_index_page(results):
     text = (ROOT / "book" / "cells.md").read_text()
     sections = re.split(r"^## ", text, flags=re.M)[1:]

@@ -203,10 +203,8 @@ def test_lik_op_memory_that_holds_the_autotuners_buffers_is_marked_and_set_besid
     page uses (elsewhere † is a ceiling a long run could not train at), and the same call's memory once tuned — a
     PyLate training cell's replay of exactly those shapes — stands beside it, with the difference in the legend."""
     from harness.report import data, predictions, tables, text
-    from harness.report.decision import RUNNING_MARK
 
-    assert predictions.SEARCHING_MARK == RUNNING_MARK  # a running search is marked alike on every page
-    assert len({tables.TUNER_MARK, text.LONG_RUN_MARK, text.LOADER_MARK, RUNNING_MARK, predictions.ROUGH_MARK}) == 5
+    assert len({tables.TUNER_MARK, text.LONG_RUN_MARK, text.LOADER_MARK, text.RUNNING_MARK, predictions.ROUGH_MARK}) == 5
     cells, calls = data.load()
     ops = data.op_level(cells, calls)
     tuned_from = data.tuner_inside_from(data.lik_spike())
@@ -261,6 +259,23 @@ def test_the_op_page_says_what_its_tables_show_and_shows_identical_heads_once():
             first = op_table_of(ops, parts[0])
             assert all(op_table_of(ops, head).equals(first) for head in parts[1:])
     assert any(len(tables.shared_heads(name)) > 1 for name in shown)  # the two negative-CE losses: one table
+
+
+def test_the_op_page_says_how_many_op_cells_were_timed_only_where_one_was():
+    """op.md: the coverage line under the tables' lead is the stack pages' (how many were timed, why the others
+    are not), and nothing where no op cell was timed: the lead says so then."""
+    from harness.report import data, tables
+
+    cells, calls = data.load()
+    ops = data.op_level(cells, calls)
+    trained = int((ops["outcome"] == "ok").sum())
+    untimed = ops.assign(times_comparable=False)  # as committed today: no op cell ran alone
+    assert prose.timing_coverage(untimed).startswith("None of the") and prose.op_timing_coverage(untimed) == ""
+    assert prose.op_timing_coverage(ops) == ("" if tables.timed(ops).empty else prose.timing_coverage(ops))
+    half = ops.assign(times_comparable=[k % 2 == 0 for k in range(len(ops))])
+    timed = len(tables.timed(half))
+    assert 0 < timed < trained and prose.op_timing_coverage(half).startswith(f"{timed} of the {trained} cells")
+    assert "prose.op_timing_coverage(ops)" in (ROOT / "book" / "op.md").read_text()
 
 
 def op_table_of(ops: pd.DataFrame, head: str) -> pd.DataFrame:

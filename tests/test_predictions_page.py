@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from harness import memmodel
-from harness.report import data, decision, predictions, style
+from harness.report import data, decision, predictions, style, text
 from harness.report.text import regime_label
 from test_book import ROOT
 
@@ -29,7 +29,7 @@ def test_the_validation_table_shows_every_search_with_probes_and_its_verdict(all
             assert shown["verdict"] in ("", "inside its range", "below a batch that trained", "at a batch that failed",
                                        "above a batch that failed")
         running = row["measured_ceiling"] is None and row["measured_fails"] is not None
-        assert shown["measured"].endswith(predictions.SEARCHING_MARK) == running
+        assert shown["measured"].endswith(predictions.RUNNING_MARK) == running
         assert predictions.ROUGH_MARK not in shown["measured"]  # the rough mark is the cards table's predictions only
 
 
@@ -58,8 +58,8 @@ def test_each_mark_on_the_page_means_one_thing_and_has_its_legend():
     probed = [row for row in document["validation"] if row["state"] != "not run"]
     running = [row for row in probed if row["measured_ceiling"] is None and row["measured_fails"] is not None]
     legend = predictions.searching_legend(document)
-    assert legend.startswith(f"`{predictions.SEARCHING_MARK}`: a search still running") == bool(running)
-    assert predictions.SEARCHING_MARK == decision.RUNNING_MARK != predictions.ROUGH_MARK  # one mark, one meaning
+    assert legend.startswith(f"`{predictions.RUNNING_MARK}`: a search still running") == bool(running)
+    assert predictions.RUNNING_MARK == decision.RUNNING_MARK == text.RUNNING_MARK != predictions.ROUGH_MARK  # one mark
     rows = memmodel.table(memmodel.fit(data.read()))
     assert predictions.misclassifying(rows) == "" or predictions.misclassifying(rows).startswith(f"`{predictions.ROUGH_MARK}N`: ")
     page = (ROOT / "book" / "predict.md").read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -193,7 +194,7 @@ def test_a_card_we_searched_shows_its_measured_ceiling_beside_the_prediction(sea
     beside a measured 224 read as a contradiction)."""
     from harness import memmodel
     from harness.report import predictions
-    from harness.report.text import ceiling_text
+    from harness.report.text import ceiling_entry
 
     model, _ = predictions.fitted(data.read())
     rows = memmodel.table(model)
@@ -205,9 +206,7 @@ def test_a_card_we_searched_shows_its_measured_ceiling_beside_the_prediction(sea
             name = predictions._card(row.card).replace(" ", "\u00a0")
             label = next(c for c in table["card (usable GiB)"] if c.startswith(name))
             cell = table.loc[table["card (usable GiB)"] == label, nowrap(style.short(row.backend))].iloc[0]
-            measured = ceiling_text(row)
-            if not row.done and " (searching)" in measured:  # a running search: the range, marked as on the intro
-                measured = measured.replace(" (searching)", "") + predictions.SEARCHING_MARK
+            measured = ceiling_entry(row)  # a running search: the range, marked as on the intro
             assert f"measured {nowrap(measured)}" in cell, (row.card, row.backend, cell)
 
 
@@ -528,3 +527,44 @@ def test_a_loader_check_with_no_difference_says_the_peaks_are_the_same():
         checks = row.loader_check
         same = round(max(c.alloc_mib for c in checks)) == 0 and round(max(c.reserved_mib for c in checks)) == 0
         assert ("are the same to the MiB" in text) == same or len(checked) > 1
+
+
+def test_the_colpali_page_keys_the_loader_mark_only_under_a_reach_that_shows_it(searches):
+    """colpali.md: under the whole H200's reach, the key to ‡ is the loader reading of that card's searches where
+    the reach shows the mark, and nothing where it does not."""
+    from harness.report.text import LOADER_MARK
+
+    colpali = [row for row in searches if (row.stack, row.regime) == ("colpali", "plain")]
+    native = [row for row in colpali if row.card == "native"]
+    marked = [row for row in native if row.search.dataloader_workers is not None and row.probes]
+    assert marked  # the committed ColQwen2 lik search on the whole H200 collated with fewer workers
+    reach = prose.batch_reach(data.load()[0], searches, data.ceiling_probes(data.read()), "colpali", "plain", "native")
+    assert LOADER_MARK in reach
+    key = prose.loader_key(reach, colpali, "native")
+    assert key == prose.loader_reading(native) and key.startswith(f"{LOADER_MARK} ")
+    assert prose.loader_key(reach.replace(LOADER_MARK, ""), colpali, "native") == ""
+    other = [row for row in colpali if row.card != "native" and row.search.dataloader_workers is not None and row.probes]
+    assert all(prose._search_name(row) not in key for row in other)  # only that card's searches
+
+
+def test_the_ceilings_page_marks_a_running_search_as_every_page_does(searches):
+    """ceilings.md: a search still under way reads 'A–B*' in its tables, as on the front page, never
+    'A–B (searching)', and the page's key explains the mark."""
+    from harness.report import tables
+    from harness.report.text import LOADER_MARK, RUNNING_MARK
+
+    running = [row for row in searches if row.running]
+    assert running  # the committed results hold searches still under way (ColQwen2 lik)
+    for allocator in ("default", "expandable"):
+        grid = tables.ceiling_grid(searches, allocator)
+        assert not grid.map(lambda entry: "searching" in entry).any().any()
+    details = tables.ceiling_details(searches)
+    assert not details.map(lambda entry: "searching" in str(entry)).any().any()
+    for row in running:
+        shown = details[(details["backend"] == row.backend) & details["card · allocator"].str.endswith(row.allocator)
+                        & (details["stack · regime"] == text.regime_label(row.stack, row.regime))]["ceiling"]  # fmt: skip
+        bracket = f"≥ {row.fits}" if row.fails is None else f"{row.fits}–{row.fails - 1}"
+        expected = bracket + (LOADER_MARK if row.search.dataloader_workers is not None else "") + RUNNING_MARK
+        assert expected in set(shown), (row.card, row.allocator, set(shown))
+    page = (Path(__file__).parents[1] / "book" / "ceilings.md").read_text()
+    assert f"an entry marked `{RUNNING_MARK}`" in page and f'"A–B{RUNNING_MARK}"' in page and "(searching)" not in page

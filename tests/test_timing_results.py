@@ -3,6 +3,7 @@ over the committed results (a re-measured result that contradicts one fails here
 
 import dataclasses
 import itertools
+import re
 
 import pytest
 
@@ -206,3 +207,7 @@ def test_a_published_time_derived_from_samples_per_second_says_so_and_every_rati
     assert all("–" in part.split("ratio of ratios")[1] for part in parts)
     agreement = prose.published_agreement(gc, data.published("pylate", "grad-checkpoint"))
     assert "bootstrap 95% interval" in agreement
+    # one clause per bracket: no colon inside one, none straight after it (it read "(… alone: … spread): the H200 …")
+    brackets = re.findall(r"\(([^()]*)\)", agreement)
+    assert brackets and not any(":" in inside for inside in brackets) and "): " not in agreement
+    assert agreement.endswith(" The H200 is not the H100, so compare backends within one run, not across the two.")

@@ -616,21 +616,37 @@ def compare_oom(claim: Claim, ours_mib: float, published_mib: float | None = Non
 def check_oom_figure(claim: Claim, evidence: Evidence) -> Verdict:
     """The failed request of an out-of-memory error, or the memory reserved but unallocated when it failed,
     of every run of ours that ran out at the claim's batch (:func:`oom_runs`: the grid cell and the ceiling
-    probes), each against the published figure: the claim holds where every run's does."""
+    probes), each against the published figure. The verdict is per run: a failure is one run's, its figure
+    follows the shapes that run drew, so the claim holds where a run of ours reproduces it (named first,
+    with its seed), with the other runs' figures beside it; it differs where no run does."""
     runs = [run for run in oom_runs(evidence, claim.stack, claim.regime, claim.batch, claim.backend, claim.card)
             if run.value(claim.quantity) is not None]  # fmt: skip
     if not runs:
         return waiting("—", f"not yet re-tested: no run of ours recorded {QUANTITIES[claim.quantity]}", "no cell")
     digits = max(3, digits_of(claim.published))
-    compared = [(run, compare_oom(claim, cast(float, run.value(claim.quantity)))) for run in runs]
+
+    def figure(run: OomRun) -> str:
+        return memory_words(cast(float, run.value(claim.quantity)), claim.unit, digits)
+
+    compared = [(run, *compare_oom(claim, cast(float, run.value(claim.quantity)))) for run in runs]
+    reproduced = [(run, why) for run, status, why in compared if status == "holds"]
+    other = [(run, why) for run, status, why in compared if status != "holds"]
     words = []
-    for run, _ in compared:
+    for run, _ in reproduced + other:  # the runs that reproduce it first
         at = ("" if claim.quantity == "oom_request" or run.request_mib is None
               else f", at its {gib_words(run.request_mib)} request")  # fmt: skip
-        words.append(f"{memory_words(cast(float, run.value(claim.quantity)), claim.unit, digits)} ({run.tag}{at})")
-    status: Status = "holds" if all(verdict == "holds" for _, (verdict, _) in compared) else "differs"
-    reason = "; ".join(f"{run.who}: {why}" if len(runs) > 1 else why for run, (_, why) in compared)
-    if status == "differs" and claim.if_differs:
+        words.append(f"{figure(run)} ({run.tag}{at})")
+    status: Status = "holds" if reproduced else "differs"
+    if len(runs) == 1:
+        reason = compared[0][2]
+    elif not other:
+        reason = "; ".join(f"{run.who}: {why}" for run, why in reproduced)
+    elif reproduced:
+        reason = ("reproduced by the " + "; the ".join(f"{run.who}: {why}" for run, why in reproduced) + "; beside it, "
+                  + "; ".join(f"the {run.who} reads {figure(run)}: {why}" for run, why in other))  # fmt: skip
+    else:
+        reason = "; ".join(f"{run.who}: {why}" for run, why in other)
+    if other and claim.if_differs:
         reason += f"; {claim.if_differs}"
     if claim.quantity == "oom_unallocated":  # a message figure is of the moment its request failed, not of the peak
         reason += ("; each read from its error message, written when its request failed, not at the step's peak "

@@ -429,6 +429,11 @@ class SearchRow:
         limit, a lower bound); None while it runs, once it stopped, or where nothing fit."""
         return self.fits if self.done and not self.stopped else None
 
+    @property
+    def running(self) -> bool:
+        """Whether the search is still under way: it has probes, has not finished, and no crashed probe stopped it."""
+        return self.probes > 0 and not self.done and not self.stopped
+
 
 def ceilings(source: Source = None, grid_file: Path = CEILINGS_GRID) -> list[SearchRow]:
     """One row per ceiling search of ``grid_file``, in the grid's order."""

@@ -20,8 +20,10 @@ from harness.report.data import LongRunVerdict, SearchRow
 from harness.report.tables import timed
 from harness.report.text import (
     LONG_RUN_MARK,
+    RUNNING_MARK,
     card_short,
     cards_in_order,
+    ceiling_entry,
     ceiling_text,
     counted,
     joined,
@@ -75,7 +77,6 @@ def criterion(searches: Sequence[SearchRow]) -> str:
     return seed_words(*main) + (f" ({'; '.join(exceptions)})" if exceptions else "")
 
 
-RUNNING_MARK = "*"  # follows an entry whose search is still running
 PREDICTED_BREAK = "<br>"  # a prediction goes on its own line of the table cell
 
 
@@ -85,13 +86,11 @@ def entry(row: SearchRow | None, predicted: int | None = None) -> str:
     where the search has not settled and the memory model predicts it, 'pred. 74' on a line below."""
     if row is None:
         return ""
-    text = ceiling_text(row)
+    text = ceiling_entry(row)
     if row.long_run is not None and row.long_run.ran_out:  # the ceilings page says at which step
         text = f"{row.fits}{LONG_RUN_MARK}"
     elif row.stopped:  # still to finish, like a running search; the ceilings page says which probe crashed
         text = (f"≥ {row.fits}" if row.fits else "stopped") + RUNNING_MARK
-    elif not (row.done or row.probes == 0):
-        text = text.replace(" (searching)", "") + RUNNING_MARK
     if predicted is not None and row.settled is None:
         return f"{nowrap(text)}{PREDICTED_BREAK}<i>pred.\u00a0{predicted}</i>"
     return nowrap(text)
@@ -229,7 +228,7 @@ def unsettled_words(rows: Sequence[SearchRow], backend: str, cards: Sequence[str
         elif row.stopped:
             state = f"its search stopped: {ceiling_text(row)}"
         else:
-            state = f"it is still searching ({ceiling_text(row).removesuffix(' (searching)')})"
+            state = f"it is still searching ({ceiling_text(row, running_note='')})"
         states.setdefault(state, []).append(card_short(card))
     return "; ".join(f"on {joined(names)} {state}" for state, names in states.items())
 

@@ -14,8 +14,7 @@ import pandas as pd
 
 from harness.memmodel import OTHER_CARDS, VALIDATION, MemoryModel, ModelError, fit
 from harness.report import data, style
-from harness.report.decision import RUNNING_MARK
-from harness.report.text import allocator_words, ceiling_text, joined, nowrap, percent, regime_label
+from harness.report.text import RUNNING_MARK, allocator_words, ceiling_entry, joined, nowrap, percent, regime_label
 from harness.spec import ALLOCATORS as SPEC_ALLOCATORS
 from harness.spec import CARDS
 
@@ -46,16 +45,15 @@ def _card(name: str) -> str:
     return OTHER_CARDS[name].label.split(" (")[0] if name in OTHER_CARDS else name
 
 
-SEARCHING_MARK = RUNNING_MARK  # follows a measured range whose search is still running, as on every other page
 ROUGH_MARK = "≈"  # before a predicted batch whose backend's margin misclassifies committed cells: read it as rough
 ALLOCATORS = tuple(SPEC_ALLOCATORS)  # the validation tables, in the page's order: default, then expandable
 
 
 def searching_legend(document: dict[str, Any]) -> str:
-    """The legend line of :data:`SEARCHING_MARK`, where a validation table shows one (else empty)."""
-    if not any(_measured(row).endswith(SEARCHING_MARK) for row in document["validation"] if row["state"] != "not run"):
+    """The legend line of :data:`RUNNING_MARK`, where a validation table shows one (else empty)."""
+    if not any(_measured(row).endswith(RUNNING_MARK) for row in document["validation"] if row["state"] != "not run"):
         return ""
-    return (f"`{SEARCHING_MARK}`: a search still running; its measured range is where its ceiling can still end, and "
+    return (f"`{RUNNING_MARK}`: a search still running; its measured range is where its ceiling can still end, and "
             "its verdict says where the prediction lies against it.")  # fmt: skip
 
 
@@ -65,12 +63,12 @@ def _measured(row: dict[str, Any]) -> str:
         return str(row["measured_ceiling"])
     if row["measured_fails"] is None:
         return f"≥ {row['measured_fits']}"
-    return f"{row['measured_fits']}–{row['measured_fails'] - 1}{SEARCHING_MARK}"
+    return f"{row['measured_fits']}–{row['measured_fails'] - 1}{RUNNING_MARK}"
 
 
 def validation_tables(document: dict[str, Any], allocator: str = "default") -> dict[str, pd.DataFrame]:
     """Per stack · regime, one row per ceiling search under ``allocator`` that has probes: measured (a range
-    marked :data:`SEARCHING_MARK` while it runs) and the search's resolution, predicted without its card's
+    marked :data:`RUNNING_MARK` while it runs) and the search's resolution, predicted without its card's
     cells, the error, and the verdict (which term misses where it misses; for a search still running, where
     the prediction lies)."""
     tables: dict[str, list[dict[str, object]]] = {}
@@ -180,9 +178,7 @@ def cards_table(rows: list[dict[str, Any]], stack: str, regime: str,
         text = f"{ROUGH_MARK if r['margin_misclassifies'] else ''}{r['predicted_largest_batch']}"
         found = data.find_search(searches, stack, regime, str(r["backend"]), str(r["card"]))
         if found is not None and found.probes > 0:
-            measured = ceiling_text(found)  # a running search marked as the intro's table marks it
-            if " (searching)" in measured:
-                measured = measured.replace(" (searching)", "") + RUNNING_MARK
+            measured = ceiling_entry(found)  # a running search marked as the intro's table marks it
             return f"{nowrap(text)}<br><i>measured {nowrap(measured)}</i>"
         return nowrap(text)
 

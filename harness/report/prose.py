@@ -702,9 +702,7 @@ def batch_reach(cells: pd.DataFrame, searches: Sequence[SearchRow], probes: pd.D
         if row is None or row.probes == 0:
             continue
         failed = _default(probes, stack=stack, regime=regime, backend=backend, card=card, outcome="oom")
-        ceiling, notes = ceiling_text(row), []
-        if ceiling.endswith(" (searching)"):
-            ceiling, notes = ceiling.removesuffix(" (searching)"), ["searching"]
+        ceiling, notes = ceiling_text(row, running_note=""), ["searching"] if row.running else []
         if not failed.empty:
             batches = [str(b) for b in sorted({int(b) for b in failed["batch_size"]})]
             where = {"maxsim": "in the MaxSim op", "elsewhere": "outside the op"}
@@ -837,10 +835,10 @@ def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
         low, high = min(ratio.low for ratio in times), max(ratio.high for ratio in times)
         digits = ".3f" if span(low, high, ".2f") == span(min(values), max(values), ".2f") else ".2f"
         interval = span(low, high, digits)
-        sentences.append(f"Our steady step times are {span(min(values), max(values), digits)}× the published ones "
-                         f"({len(times)} cells; {interval} with each cell's bootstrap 95% interval, which is our median's "
-                         "alone: a published time is one figure, with no spread): the H200 is not the H100, so compare "
-                         "backends within one run, not across the two")  # fmt: skip
+        sentences.append(f"Our steady step times are {span(min(values), max(values), digits)}× the published ones over "
+                         f"{len(times)} cells ({interval} with each cell's bootstrap 95% interval, which covers our median "
+                         "only, since a published time is one figure with no spread)")  # fmt: skip
+        sentences.append("The H200 is not the H100, so compare backends within one run, not across the two")
     return ". ".join(sentences) + "."
 
 
@@ -1059,6 +1057,12 @@ def timing_coverage(cells: pd.DataFrame) -> str:
     why = "; ".join(f"{count} {reason}" for reason, count in reasons.items())
     return (f"{len(shown)} of the {len(ok)} cells that trained here were timed under the timing rule, and only they "
             f"are shown. The others: {why}.")  # fmt: skip
+
+
+def op_timing_coverage(ops: pd.DataFrame) -> str:
+    """The op page's line under its tables' lead: :func:`timing_coverage` of its op cells, or '' where none
+    was timed (:func:`op_tables_lead` says so then, and the 'none was timed' sentence would repeat it)."""
+    return "" if timed(ops).empty else timing_coverage(ops)
 
 
 def published_time_lead(table: pd.DataFrame, published: pd.DataFrame) -> str:
@@ -1486,6 +1490,14 @@ def loader_reading(searches: Sequence[SearchRow]) -> str:
         return ""
     return (f"{LOADER_MARK} The dataloader workers collate pages on the host; where the lent host's memory cannot hold "
             f"the recipe's, a search runs with fewer. {' '.join(said)}")  # fmt: skip
+
+
+def loader_key(shown: str, searches: Sequence[SearchRow], card: str | None = None) -> str:
+    """The key to :data:`LOADER_MARK` under a text that shows it: :func:`loader_reading` of the searches
+    (those on ``card``, where given), or '' where ``shown`` has no such mark to explain."""
+    if LOADER_MARK not in shown:
+        return ""
+    return loader_reading([row for row in searches if card is None or row.card == card])
 
 
 def crash_reading(searches: Sequence[SearchRow], collate: pd.DataFrame | None = None) -> str:

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from harness.report.data import GIB_PER_MIB, backend_label
-from harness.report.text import failed_request, gpu_words, missing, regime_words, significant
+from harness.report.text import failed_request, gpu_text, missing, regime_words, significant
 
 TABLE_ID = "all-cells"
 
@@ -79,11 +79,6 @@ def request_gib(message: object) -> str:
     if not found:
         return request
     return significant(float(found.group(1)) * (GIB_PER_MIB if found.group(2) == "MiB" else 1.0))
-
-
-def gpu_text(name: object) -> str:
-    """'NVIDIA H100 80GB HBM3' → 'H100 80GB HBM3'; 'unrecorded' for a result that does not name its GPU."""
-    return "unrecorded" if missing(name) or not name else gpu_words(str(name))
 
 
 def outcome_text(row: pd.Series) -> str:

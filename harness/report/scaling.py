@@ -575,8 +575,9 @@ def plot_scaling(rows: Sequence[Scaling], card: str = GATHER_CARD) -> Figure | N
 def ceiling_table(searches: Sequence[data.SearchRow]) -> pd.DataFrame:
     """The per-rank ceiling searches with gathered negatives (``grids/multi-gpu-ceilings.yaml``): per
     search its recipe, world size, the batch per rank it found (or how far it got), beside the
-    same backend's one-GPU ceiling on that card from the ceilings grid where it settled."""
-    from harness.report.text import ceiling_text
+    same backend's one-GPU ceiling on that card from the ceilings grid where it settled (a search still
+    running marked as on every page: 'A–B*')."""
+    from harness.report.text import ceiling_entry
 
     def key(row: data.SearchRow) -> tuple[str, str, str]:
         return row.search.stack, row.search.regime, data.backend_label(row.search.variant, row.search.score_mini_batch_size)
@@ -589,8 +590,8 @@ def ceiling_table(searches: Sequence[data.SearchRow]) -> pd.DataFrame:
         backend = key(row)[2]
         alone = one_gpu.get(key(row))
         rows.append({"stack · regime": nowrap(f"{STACK_NAMES[search.stack]} · {search.regime}"), "backend": backend,
-                     "card": _card(search.card), f"per rank, W = {search.world_size}": ceiling_text(row),
-                     "probes": row.probes, "one GPU": "—" if alone is None else ceiling_text(alone)})  # fmt: skip
+                     "card": _card(search.card), f"per rank, W = {search.world_size}": ceiling_entry(row),
+                     "probes": row.probes, "one GPU": "—" if alone is None else ceiling_entry(alone)})  # fmt: skip
     return pd.DataFrame(rows)
 
 

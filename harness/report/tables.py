@@ -26,7 +26,7 @@ from harness.report.text import (
     card_label,
     card_short,
     cards_in_order,
-    ceiling_text,
+    ceiling_entry,
     cell_words,
     failed_request,
     gpu_words,
@@ -473,7 +473,7 @@ def ceiling_grid(searches: Sequence[SearchRow], allocator: str = "default") -> p
     if not chosen:
         return pd.DataFrame()
     frame = pd.DataFrame([{"stack": row.stack, "regime": regime_words(row.stack, row.regime), "backend": row.backend,
-                           "card": row.card, "ceiling": ceiling_text(row)} for row in chosen])  # fmt: skip
+                           "card": row.card, "ceiling": ceiling_entry(row)} for row in chosen])  # fmt: skip
     table = frame.pivot_table(index=["stack", "regime", "backend"], columns="card", values="ceiling", aggfunc="first")
     order = cards_in_order(frame["card"])
     return table.reindex(columns=order).rename(columns=card_label).rename_axis(columns=None).fillna(NO_SEARCH)
@@ -489,13 +489,13 @@ def ceiling_details(searches: Sequence[SearchRow]) -> pd.DataFrame:
         if row.fails_message is not None:
             asked = nowrap(_asked(row.fails_message)).replace("asked\u00a0", "asked ")  # its size on one line, the rest wraps
             failed += f", {asked}" if failed else asked
-        if not failed:  # no batch above has failed (yet): say why the cell is empty
-            failed = ("none yet (searching)" if not row.done else "none: the search reached its limit") if row.fails is None \
-                else f"B={row.fails}" + ("" if row.done else " (searching)")  # fmt: skip
+        if not failed:  # no batch above has failed (yet): say why the cell is empty (the ceiling's mark says it runs)
+            failed = ("none yet" if not row.done else "none: the search reached its limit") if row.fails is None \
+                else f"B={row.fails}"  # fmt: skip
         growth = "" if missing(row.fragmentation_growth_mib) else f" ({signed(float(row.fragmentation_growth_mib or 0), '+.0f')})"
         rows.append({
             "stack · regime": regime_label(row.stack, row.regime), "backend": row.backend,
-            "card · allocator": f"{card_short(row.card)} · {row.allocator}", "ceiling": ceiling_text(row),
+            "card · allocator": f"{card_short(row.card)} · {row.allocator}", "ceiling": ceiling_entry(row),
             "peak alloc / reserved (GiB)": peaks, "headroom (GiB)": number(row.headroom_gib, ".2f"),
             "reserved − alloc (GiB), growth over steps (MiB)": number(row.fragmentation_gib, ".2f") + growth,
             "next batch failed": failed,

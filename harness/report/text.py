@@ -154,6 +154,12 @@ def gpu_words(name: str) -> str:
     return name.removeprefix("NVIDIA ")
 
 
+def gpu_text(name: object) -> str:
+    """The GPU a result records, in a table: 'NVIDIA H100 80GB HBM3' → 'H100 80GB HBM3'; 'unrecorded' for a
+    result that does not name its GPU (the results table and the cell notebooks' index alike)."""
+    return "unrecorded" if missing(name) or not name else gpu_words(str(name))
+
+
 def card_short(name: str) -> str:
     """A card in a narrow column: '80 GB', '141 GB (whole H200)'."""
     profile = CARDS.get(name)
@@ -203,6 +209,8 @@ ANSI_COLOUR = re.compile(r"(\x1b\[[0-9;]*m)")  # an ANSI colour code, as IPython
 LONG_RUN_MARK = "†"  # follows a ceiling at which a long run ran out of memory part way (tables, figures)
 LOADER_MARK = "‡"  # follows a ceiling whose probes collated with fewer dataloader workers than the recipe's
 TUNER_MARK = "◊"  # follows op memory measured on a call during which Triton autotuned (the op page)
+RUNNING_MARK = "*"  # follows a table's ceiling whose search is still running: 'A–B*', '≥ A*' (every page's tables)
+SEARCHING = " (searching)"  # follows a sentence's ceiling whose search is still running: 'A–B (searching)'
 
 
 def ran_out_of_host_memory(row: SearchRow) -> bool:
@@ -210,16 +218,26 @@ def ran_out_of_host_memory(row: SearchRow) -> bool:
     return row.crash_message is not None and row.crash_message.endswith(HOST_OUT_OF_MEMORY)
 
 
-def ceiling_text(row: SearchRow) -> str:
-    """A search's answer in words: '672' (the next probe, 704, failed), '≥ 8192', '< 32', 'running';
+def ceiling_text(row: SearchRow, running_note: str = SEARCHING) -> str:
+    """A search's answer in words: '672' (the next probe, 704, failed), '≥ 8192', '< 32', 'not run';
+    a search still running gives the range it has not settled, followed by ``running_note``: '256–511 (searching)'
+    in a sentence, '256–511*' in a table (:func:`ceiling_entry`), '256–511' where the sentence says so itself;
     a search stopped by a crashed probe (its kernel died: neither fit nor failure) says where:
     '≥ 288 (the probe at 320 crashed)', or one the host's out-of-memory killer ended '≥ 288 (the probe at
     320 ran out of host memory)'; a ceiling at which a long run ran out of memory says when:
     '160† (OOM at step 27 of 100)', and where a run below it ended, how: '160† (OOM at step 27 of 100;
     144 trained all 100)'; one whose probes collated with fewer dataloader workers than the
-    recipe's is marked: '336‡'."""
+    recipe's is marked: '336‡' ('288–303‡*' while it runs)."""
     answer = _answer(row)
-    return f"{answer}{LOADER_MARK}" if row.search.dataloader_workers is not None and row.probes else answer
+    if row.search.dataloader_workers is not None and row.probes:
+        answer += LOADER_MARK
+    return answer + running_note if row.running and (row.fits or row.fails) else answer
+
+
+def ceiling_entry(row: SearchRow) -> str:
+    """A search's answer as a table shows it: :func:`ceiling_text` with a running search's range marked
+    :data:`RUNNING_MARK` ('256–511*', '≥ 256*'), as every page's key explains it."""
+    return ceiling_text(row, RUNNING_MARK)
 
 
 def _answer(row: SearchRow) -> str:
@@ -233,9 +251,9 @@ def _answer(row: SearchRow) -> str:
         return "not run"
     if not row.done:
         if row.fits and row.fails:
-            return f"{row.fits}–{row.fails - 1} (searching)"
+            return f"{row.fits}–{row.fails - 1}"
         if row.fits or row.fails:
-            return f"≥ {row.fits} (searching)" if row.fits else f"< {row.fails} (searching)"
+            return f"≥ {row.fits}" if row.fits else f"< {row.fails}"
         return "searching"
     if row.fails is None:
         return f"≥ {row.fits}"
