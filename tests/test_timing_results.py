@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from harness.report import data, prose, tables, timing
+from harness.report import data, prose, tables, text, timing
 
 RESULTS = data.results_of(None)
 CELLS, CALLS = data.load(RESULTS)
@@ -210,4 +210,58 @@ def test_a_published_time_derived_from_samples_per_second_says_so_and_every_rati
     # one clause per bracket: no colon inside one, none straight after it (it read "(… alone: … spread): the H200 …")
     brackets = re.findall(r"\(([^()]*)\)", agreement)
     assert brackets and not any(":" in inside for inside in brackets) and "): " not in agreement
-    assert agreement.endswith(" The H200 is not the H100, so compare backends within one run, not across the two.")
+    assert agreement.endswith(". " + prose.published_gpus(_timed_on(gc, data.published("pylate", "grad-checkpoint"))) + ".")
+
+
+def _timed_on(cells, published):
+    """(our GPU, the published card) of each cell both runs timed, read straight from the frames."""
+    ok = tables.timed(cells)
+    pairs = []
+    for _, ref in published.dropna(subset=["steady_step_time_sec"]).iterrows():
+        backend = data.backend_label(ref["variant"], ref["score_mini_batch_size"])
+        mine = ok[(ok["batch_size"] == ref["batch_size"]) & (ok["backend"] == backend) & (ok["card"] == ref["card"])]
+        if ref["outcome"] == "ok" and len(mine):
+            pairs.append((mine.iloc[0]["device_name"], ref["card"]))
+    return pairs
+
+
+def test_the_published_agreement_names_the_gpus_our_timed_cells_ran_on_and_says_they_differ_only_where_they_do():
+    """pylate-grad-checkpoint.md: the sentence after the step-time ratios names our GPUs (each result records
+    its own) and the published card's, and says a time compares across the runs only for a cell that ran on
+    the published card's GPU — over the committed results, and with some or all cells moved to that GPU."""
+    gc, published = data.select(CELLS, "pylate", "grad-checkpoint"), data.published("pylate", "grad-checkpoint")
+    timed_on = _timed_on(gc, published)
+    assert len(timed_on) >= 2 and {card for _, card in timed_on} == {"h100-80gb"}
+    ours = sorted({device.removeprefix("NVIDIA ") for device, _ in timed_on})
+    agreement = prose.published_agreement(gc, published)
+    if all("H100" not in device for device, _ in timed_on):  # the committed cells: none ran on an H100
+        assert f"Our {len(timed_on)} timed cells ran on an {ours[0]}" in agreement and len(ours) == 1
+        assert ", the published ones on an H100, so compare backends within one run, not across the two." in agreement
+        assert "does not set" not in agreement
+    some = gc.copy()
+    some.loc[some["backend"] == "lik", "device_name"] = "NVIDIA H100 80GB HBM3"  # the fused cells ran on an H100
+    mixed = prose.published_agreement(some, published)
+    n_same = sum(device == "NVIDIA H100 80GB HBM3" for device, _ in _timed_on(some, published))
+    assert 0 < n_same < len(timed_on)
+    assert (f" {n_same} of our {len(timed_on)} timed cells ran on an H100 80GB HBM3, the GPU the published figures "
+            "name, so the GPU does not set their times apart from the published ones; the other "
+            f"{len(timed_on) - n_same} ran on an {ours[0]}, not an H100, so for those compare backends") in mixed
+    everywhere = gc.copy()
+    everywhere["device_name"] = "NVIDIA H100 80GB HBM3"
+    alike = prose.published_agreement(everywhere, published)
+    assert alike.endswith(f" Our {len(timed_on)} timed cells ran on an H100 80GB HBM3, the GPU the published figures "
+                          "name, so the GPU does not set their times apart from the published ones.")
+    assert "H200" not in alike and "compare backends within one run" not in alike
+
+
+def test_the_gpus_are_counted_where_our_cells_ran_on_several_and_a_missing_one_is_said_to_be_unrecorded():
+    assert prose.published_gpus([]) == ""
+    assert prose.published_gpus([("NVIDIA H200", "h100-80gb"), (None, "h100-80gb"), ("NVIDIA H200", "h100-80gb")]) == (
+        "Our 3 timed cells ran on an H200 (2) and an unrecorded GPU (1), the published ones on an H100, so compare "
+        "backends within one run, not across the two")
+    assert prose.published_gpus([("NVIDIA H100 PCIe", "h100-80gb")]) == (
+        "Our 1 timed cell ran on an H100 PCIe, the GPU the published figures name, so the GPU does not set its time "
+        "apart from the published ones")
+    assert [text.card_gpu(card) for card in ("h100-80gb", "a100-40gb", "native")] == ["H100", "A100", None]
+    assert not text.on_card_gpu("NVIDIA H200", "h100-80gb") and not text.on_card_gpu(None, "h100-80gb")
+    assert text.on_card_gpu("NVIDIA GeForce RTX 4090", "rtx4090-24gb") and not text.on_card_gpu("NVIDIA H100", "native")

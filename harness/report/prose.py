@@ -44,6 +44,7 @@ from harness.report.text import (
     STACK_NAMES,
     allocator_words,
     as_published,
+    card_gpu,
     card_label,
     card_short,
     cards_in_order,
@@ -51,9 +52,11 @@ from harness.report.text import (
     cell_words,
     counted,
     failed_request,
+    gpu_text,
     gpu_words,
     joined,
     missing,
+    on_card_gpu,
     oom_held_mib,
     oom_in_use_mib,
     percent,
@@ -792,6 +795,7 @@ def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
     if published.empty:
         return ""
     deltas, times, agree, differ = [], [], 0, []
+    timed_on: list[tuple[object, str]] = []  # each timed cell compared: our GPU, the published card
     for _, ref in published.iterrows():
         backend = backend_label(ref["variant"], ref["score_mini_batch_size"])
         ours = _default(cells, batch_size=ref["batch_size"], backend=backend, card=ref["card"])
@@ -810,6 +814,7 @@ def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
                 deltas.append(100 * (ours_gib - ref["step_peak_alloc_gib"]) / ref["step_peak_alloc_gib"])
             if not pd.isna(ref["steady_step_time_sec"]) and not timed(ours.iloc[:1]).empty:
                 times.append(timing.ratio(mine["steady_times_sec"], [ref["steady_step_time_sec"]]))
+                timed_on.append((mine.get("device_name"), str(ref["card"])))
     compared = agree + len(differ)
     if not compared:
         return ""
@@ -838,8 +843,38 @@ def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
         sentences.append(f"Our steady step times are {span(min(values), max(values), digits)}× the published ones over "
                          f"{len(times)} cells ({interval} with each cell's bootstrap 95% interval, which covers our median "
                          "only, since a published time is one figure with no spread)")  # fmt: skip
-        sentences.append("The H200 is not the H100, so compare backends within one run, not across the two")
+        sentences.append(published_gpus(timed_on))
     return ". ".join(sentences) + "."
+
+
+def _ran_on(devices: Sequence[object]) -> str:
+    """'an H200', or 'an H200 (4) and an H100 80GB HBM3 (1)' where the cells ran on several GPUs."""
+    names = [gpu_text(device) for device in devices]
+    words = {name: "an unrecorded GPU" if name == UNRECORDED else f"an {name}" for name in names}
+    if len(words) == 1:
+        return next(iter(words.values()))
+    return joined([f"{words[name]} ({names.count(name)})" for name in sorted(words)])
+
+
+def published_gpus(timed_on: Sequence[tuple[object, str]]) -> str:
+    """Which GPUs our timed cells ran on beside the one the published figures name, each cell given as
+    (its GPU, the published card), in words. A cap emulates a card's memory, not its speed: a step time
+    compares across the two runs only where our cell ran on the published card's GPU; elsewhere only
+    the ratios between backends within each run do."""
+    if not timed_on:
+        return ""
+    theirs = joined(sorted({card_gpu(card) or card for _, card in timed_on}))
+    same = [device for device, card in timed_on if on_card_gpu(device, card)]
+    other = [device for device, card in timed_on if not on_card_gpu(device, card)]
+    within = "so compare backends within one run, not across the two"
+    if not same:
+        return f"Our {counted(len(other), 'timed cell')} ran on {_ran_on(other)}, the published ones on an {theirs}, {within}"
+    its = "its time" if len(same) == 1 else "their times"
+    alike = f"the GPU the published figures name, so the GPU does not set {its} apart from the published ones"
+    if not other:
+        return f"Our {counted(len(same), 'timed cell')} ran on {_ran_on(same)}, {alike}"
+    return (f"{len(same)} of our {len(timed_on)} timed cells ran on {_ran_on(same)}, {alike}; the other {len(other)} "
+            f"ran on {_ran_on(other)}, not an {theirs}, so for those compare backends within one run, not across the two")
 
 
 def published_op_reading(calls: pd.DataFrame, published: pd.DataFrame, backend: str = "vanilla") -> str:

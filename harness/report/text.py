@@ -143,10 +143,26 @@ def card_label(name: str, lines: bool = False) -> str:
         return name
     if profile.usable_gib is None:
         return f"{profile.nominal_gb} GB\nthe whole\nH200" if lines else f"{profile.nominal_gb} GB (the whole H200)"
-    model = name.split("-")[0].upper()
+    model = card_gpu(name)
     if lines:
         return f"{profile.nominal_gb} GB\n{model} profile\n{profile.usable_gib:.2f} GiB"
     return f"{profile.nominal_gb} GB ({model} profile, {profile.usable_gib:.2f} GiB on an H200)"
+
+
+def card_gpu(name: str) -> str | None:
+    """The GPU a capped card profile is named after: 'h100-80gb' → 'H100'; None for the whole device ('native')."""
+    profile = CARDS.get(name)
+    return None if profile is None or profile.usable_gib is None else name.split("-")[0].upper()
+
+
+def on_card_gpu(device_name: object, card: str) -> bool:
+    """Whether a result's GPU ('NVIDIA H100 80GB HBM3') is the one the card profile ``card`` is named after
+    ('h100-80gb': an H100); False where the result names no GPU. A cap emulates a card's memory, not its
+    speed, so only a cell run on that GPU times what the card itself would."""
+    model = card_gpu(card)
+    if missing(device_name) or not device_name or model is None:
+        return False
+    return model in str(device_name).upper().replace(" ", "")
 
 
 def gpu_words(name: str) -> str:
