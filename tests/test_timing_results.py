@@ -265,3 +265,35 @@ def test_the_gpus_are_counted_where_our_cells_ran_on_several_and_a_missing_one_i
     assert [text.card_gpu(card) for card in ("h100-80gb", "a100-40gb", "native")] == ["H100", "A100", None]
     assert not text.on_card_gpu("NVIDIA H200", "h100-80gb") and not text.on_card_gpu(None, "h100-80gb")
     assert text.on_card_gpu("NVIDIA GeForce RTX 4090", "rtx4090-24gb") and not text.on_card_gpu("NVIDIA H100", "native")
+
+
+def test_the_published_agreement_says_on_which_side_of_the_published_step_peaks_ours_lie():
+    """colpali.md / pylate-grad-checkpoint.md: 'our step peaks allocated lie 0.5–1.5% below the published ones'
+    reads the Δ column of the table above it (its sizes, its signs), and 'equal … to the hundredth of a GiB'
+    holds where every one of ours reads the published figure at its precision."""
+    for stack, regime in [("colpali", "plain"), ("pylate", "grad-checkpoint")]:
+        cells, published = data.select(CELLS, stack, regime), data.published(stack, regime)
+        shown = tables.published_comparison(cells, published)
+        column = [delta.replace("\u2212", "-").rstrip("%") for delta in shown["Δ step peak"] if delta != "—"]
+        offsets = [float(delta) for delta in column]
+        agreement = prose.published_agreement(cells, published)
+        assert f"Where both runs trained ({len(offsets)} cells), our step peaks allocated " in agreement
+        if all(offset == 0 for offset in offsets):
+            assert "equal the published ones to the hundredth of a GiB (the Δ column)" in agreement
+            continue
+        sizes = sorted({abs(offset) for offset in offsets})
+        side = "below" if max(offsets) <= 0 else "above" if min(offsets) >= 0 else None
+        assert side is not None, "the committed Δ column lies on one side of the published peaks"
+        assert f"lie {sizes[0]:.1f}–{sizes[-1]:.1f}% {side} the published ones (the Δ column)" in agreement
+        assert "−" not in agreement.split("(the Δ column)")[0]  # the side says the sign: no signed figure beside it
+
+
+def test_step_peak_offsets_read_below_above_either_side_or_equal():
+    assert prose.peak_offsets([(29.09, 29.54), (54.11, 54.38)]) == (
+        "our step peaks allocated lie 0.5–1.5% below the published ones")
+    assert prose.peak_offsets([(30.0, 29.70)]) == "our step peak allocated lies 1.0% above the published one"
+    assert prose.peak_offsets([(29.0, 29.5), (30.3, 30.0)]) == (
+        "our step peaks allocated lie between 1.7% below and 1.0% above the published ones")
+    assert prose.peak_offsets([(54.1043, 54.10), (29.7175, 29.72)]) == (
+        "our step peaks allocated equal the published ones to the hundredth of a GiB")
+    assert prose.peak_offsets([(54.12, 54.10)]) == "our step peak allocated lies 0.04% above the published one"

@@ -810,8 +810,7 @@ def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
             differ.append(f"B={ref['batch_size']} {backend} ({theirs} in the published run, {ours_word} in ours)")
         if mine["outcome"] == ref["outcome"] == "ok":
             if not pd.isna(ref["step_peak_alloc_gib"]):
-                ours_gib = mine["step_peak_alloc_mib"] * GIB_PER_MIB
-                deltas.append(100 * (ours_gib - ref["step_peak_alloc_gib"]) / ref["step_peak_alloc_gib"])
+                deltas.append((mine["step_peak_alloc_mib"] * GIB_PER_MIB, float(ref["step_peak_alloc_gib"])))
             if not pd.isna(ref["steady_step_time_sec"]) and not timed(ours.iloc[:1]).empty:
                 times.append(timing.ratio(mine["steady_times_sec"], [ref["steady_step_time_sec"]]))
                 timed_on.append((mine.get("device_name"), str(ref["card"])))
@@ -820,14 +819,7 @@ def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
         return ""
     sentences = []
     if deltas:
-        low, high = min(deltas), max(deltas)
-        if max(abs(low), abs(high)) < 0.05:
-            sentences.append(f"Where both runs trained ({len(deltas)} cells), our step peak allocated equals the published "
-                             "one to the hundredth of a GiB (the Δ column)")  # fmt: skip
-        else:
-            off = percent(low) if percent(low) == percent(high) else f"{percent(low)} to {percent(high)}"
-            sentences.append(f"Where both runs trained ({len(deltas)} cells), our step peak allocated is {off} off the "
-                             "published one (the Δ column)")  # fmt: skip
+        sentences.append(f"Where both runs trained ({counted(len(deltas), 'cell')}), {peak_offsets(deltas)} (the Δ column)")
     else:
         sentences.append("The published run gives no step peak for a cell that trained here, only outcomes, so there is "
                          "no peak to compare")  # fmt: skip
@@ -845,6 +837,29 @@ def published_agreement(cells: pd.DataFrame, published: pd.DataFrame) -> str:
                          "only, since a published time is one figure with no spread)")  # fmt: skip
         sentences.append(published_gpus(timed_on))
     return ". ".join(sentences) + "."
+
+
+def peak_offsets(peaks_gib: Sequence[tuple[float, float]]) -> str:
+    """Where our step peaks allocated lie against the published ones, each cell given as (ours, published)
+    in GiB, in words: 'our step peaks allocated lie 0.5–1.5% below the published ones'; above, or between
+    a figure below and one above; equal where every one of ours reads the published figure to its
+    hundredth of a GiB (the precision the published figures are given to)."""
+    one = len(peaks_gib) == 1
+    ours = "our step peak allocated" if one else "our step peaks allocated"
+    theirs = "the published one" if one else "the published ones"
+    if all(f"{mine:.2f}" == f"{published:.2f}" for mine, published in peaks_gib):
+        return f"{ours} {'equals' if one else 'equal'} {theirs} to the hundredth of a GiB"
+    offsets = [100 * (mine - published) / published for mine, published in peaks_gib]
+    digits = 1 if max(abs(offset) for offset in offsets) >= 0.05 else 2
+    shown = [round(offset, digits) for offset in offsets]  # an offset that reads 0 lies on neither side
+    below, above = [-offset for offset in shown if offset < 0], [offset for offset in shown if offset > 0]
+    if not below and not above:
+        return f"{ours} {'lies' if one else 'lie'} within 0.01% of {theirs}"
+    if below and above:
+        return f"{ours} lie between {max(below):.{digits}f}% below and {max(above):.{digits}f}% above {theirs}"
+    sizes = [abs(offset) for offset in shown]
+    side = "below" if below else "above"
+    return f"{ours} {'lies' if one else 'lie'} {span(min(sizes), max(sizes), f'.{digits}f')}% {side} {theirs}"
 
 
 def _ran_on(devices: Sequence[object]) -> str:
