@@ -63,7 +63,7 @@ def test_the_published_speed_ratios_are_read_with_their_intervals():
     noise = data.run_noise(RESULTS)
     band = noise.of("pylate", "grad-checkpoint")
     reading = prose.published_time_reading(gc, data.published("pylate", "grad-checkpoint"), noise)
-    assert "at B=512, lik against vanilla: published 1.12×" in reading
+    assert "At B=512, lik against vanilla: published 1.12×" in reading
     vanilla, lik, chunked = (tables.timed(gc).query(f"batch_size == 512 and backend == '{b}' and card == 'h100-80gb'")
                              ["steady_times_sec"].iloc[0] for b in ("vanilla", "lik", "vanilla + chunk 64"))  # fmt: skip
     assert timing.ratio(vanilla, lik).beyond(band)  # named faster: its interval clears the regime's noise
@@ -202,7 +202,7 @@ def test_a_published_time_derived_from_samples_per_second_says_so_and_every_rati
         assert "–" in row["ours ÷ published (95% interval)"].replace("\u00a0", " ")
     gc = data.select(CELLS, "pylate", "grad-checkpoint")
     reading = prose.published_time_reading(gc, data.published("pylate", "grad-checkpoint"), data.run_noise(RESULTS))
-    parts = reading.split("; at B=")
+    parts = reading.split(". At B=")[1:]
     assert len(parts) > 1 and all("× (no interval)" in part and "ratio of ratios" in part for part in parts)
     assert all("–" in part.split("ratio of ratios")[1] for part in parts)
     agreement = prose.published_agreement(gc, data.published("pylate", "grad-checkpoint"))
@@ -297,3 +297,26 @@ def test_step_peak_offsets_read_below_above_either_side_or_equal():
     assert prose.peak_offsets([(54.1043, 54.10), (29.7175, 29.72)]) == (
         "our step peaks allocated equal the published ones to the hundredth of a GiB")
     assert prose.peak_offsets([(54.12, 54.10)]) == "our step peak allocated lies 0.04% above the published one"
+
+
+def _sentences(text):
+    """A paragraph's sentences, split where a full stop ends one ('1.12×' and '0.5–1.5%' keep theirs)."""
+    return [sentence for sentence in re.split(r"(?<=[.:])\s+(?=[A-Z0-9])", text) if sentence]
+
+
+@pytest.mark.parametrize("stack, regime", [("colpali", "plain"), ("pylate", "plain"), ("pylate", "grad-checkpoint")])
+def test_the_published_time_sentences_have_one_colon_at_most_and_none_in_a_bracket(stack, regime):
+    """colpali.md / pylate-*.md: the lead over the published step-time table, the speed ratios after it and the
+    agreement under the published table read one clause per bracket and at most one colon per sentence (the
+    lead read "…interval: a published time is one figure, with no spread to resample:")."""
+    cells, published = data.select(CELLS, stack, regime), data.published(stack, regime)
+    table = tables.published_time_table(cells, published)
+    texts = [prose.published_time_lead(table, published), prose.published_agreement(cells, published),
+             prose.published_time_reading(cells, published, data.run_noise(RESULTS))]  # fmt: skip
+    for paragraph in filter(None, texts):
+        assert not any(":" in inside for inside in re.findall(r"\(([^()]*)\)", paragraph)), paragraph
+        assert "): " not in paragraph, paragraph
+        assert all(sentence.count(":") <= 1 for sentence in _sentences(paragraph)), paragraph
+    assert texts[0].endswith(":") == (not table.empty)  # the lead's one colon, if any, opens the table
+    if not table.empty:
+        assert texts[0].count(":") == 1

@@ -1120,10 +1120,10 @@ def published_time_lead(table: pd.DataFrame, published: pd.DataFrame) -> str:
     empty — why there is none (the published run timed no cell of this regime, or none we timed), so a
     page never shows a heading over an empty table."""
     if not table.empty:
-        return ("The published step times beside ours, for the cells both runs timed (the published run on an H100 "
-                "80 GB, ours on an H200 capped to that card's memory but not to its speed). The interval of ours ÷ "
-                "published is our median's bootstrap 95% interval: a published time is one figure, with no spread to "
-                "resample:")  # fmt: skip
+        return ("The published run timed its cells on an H100 80 GB, ours on an H200 capped to that card's memory but "
+                "not to its speed. A published time is one figure with no spread to resample, so the interval of ours "
+                "÷ published is our median's bootstrap 95% interval alone. The published step times beside ours, for "
+                "the cells both runs timed:")  # fmt: skip
     if published.empty or published["step_sec"].isna().all():
         return "The published run gives no step time for this regime, so there is none to set beside ours."
     return "None of the cells the published run timed has a cell of ours timed under the timing rule yet."
@@ -1153,15 +1153,15 @@ def published_time_reading(cells: pd.DataFrame, published: pd.DataFrame, noise: 
             ours = timing.ratio(mine[base], mine[backend])
             band = None if noise is None else noise.of(str(group["stack"].iloc[0]), str(group["regime"].iloc[0]))
             of_ratios = timing.Ratio(ours.value / published_speed, ours.low / published_speed, ours.high / published_speed)
-            parts.append(f"at B={batch}, {backend} against {base}: published {published_speed:.2f}× (no interval), ours "
+            parts.append(f"At B={batch}, {backend} against {base}: published {published_speed:.2f}× (no interval), ours "
                          f"{timing.ratio_words(ours, noise=band)}, "
                          f"ratio of ratios {timing.interval_text(of_ratios)}")  # fmt: skip
     if not parts:
         return ""
-    return ("Speed against the reference backend at the same batch (the published run on an H100 80 GB, ours on an "
-            "H200 capped to that card, so only ratios within each run compare; a published ratio is of two single "
-            "published times, which give no spread, so it has no interval, and the ratio of ratios carries ours): "
-            + "; ".join(parts) + ".")  # fmt: skip
+    return ("The published run timed its cells on an H100 80 GB, ours on an H200 capped to that card, so only speed "
+            "ratios within each run compare. A published ratio is of two single published times, which give no "
+            "spread, so it has no interval, and the ratio of ratios carries ours. Each pair sets a backend's speed "
+            "against the reference backend's at the same batch. " + ". ".join(parts) + ".")  # fmt: skip
 
 
 def repeat_reading(pairs: Sequence[tuple[CellResult, CellResult]]) -> str:

@@ -206,8 +206,8 @@ def published_time_table(cells: pd.DataFrame, published: pd.DataFrame) -> pd.Dat
     """The published step times (an H100 80 GB) beside ours (an H200 capped to that card) for the
     same cells, where both trained and ours were timed under the timing rule. A published time that the
     published text gives only as samples per second is said to be derived from it ('16.0 (128 ÷ the
-    published 7.98 samples/s)'). Ours ÷ published carries its bootstrap 95% interval, which is our
-    median's alone: a published time is one figure, with no spread to resample."""
+    published 7.98 samples/s)'). Ours ÷ published carries our median's bootstrap 95% interval alone, since
+    a published time is one figure with no spread to resample."""
     ok = timed(cells)
     if ok.empty:
         return pd.DataFrame()
