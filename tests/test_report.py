@@ -390,6 +390,7 @@ def test_op_level_cells_give_a_speed_table_and_a_speedup_plot(tmp_path):
     assert list(tables.op_speed_tables(ops)) == ["pylate · inbatch"]
     untimed = ops.assign(times_comparable=False)  # measured before the timing rule: memory only
     assert set(tables.op_speed_table(untimed)["median (ms)"]) == {""} and tables.timed(untimed).empty
+    assert plots.plot_op_speedup(untimed, "op") is None  # no time to draw: the op page shows nothing there
     figure = plots.plot_op_speedup(ops, "op")
     (bars,) = figure.axes[0].containers  # the lik speedup line with its intervals; the 1× reference beside it
     line, _, (spans,) = bars
@@ -564,3 +565,23 @@ def test_the_published_op_figures_stay_apart_and_are_compared_with_ours(tmp_path
     assert "at B=128 the published figure is 2.40 GiB held + 5.41 GiB backward spike = 7.81 GiB, ours 2.45 GiB + " \
            "5.51 GiB = 7.96 GiB (+2.0%)" in reading
     assert "In both runs the backward spike is 2.25× the held memory" in reading
+
+
+def test_show_shows_nothing_for_a_missing_figure_or_an_empty_table_and_no_page_decides_that_itself(monkeypatch):
+    """A page calls ``show`` unconditioned (op.md's speedup figure, the gathered and GradCache figures, the
+    long-run figure, the stack pages' published step times): the report function returns None where it has
+    nothing to draw, and ``show`` shows nothing for None or an empty table, as ``markdown`` does for ''."""
+    import IPython.display
+
+    from harness.report import display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    for nothing in (None, pd.DataFrame(), pd.DataFrame(columns=["batch", "backend"])):
+        display.show(nothing)
+    assert shown == []
+    display.show(pd.DataFrame({"batch": [64]}))
+    assert len(shown) == 1
+    guarded = re.compile(r"^if (?:not )?(.*?)(?: is not None|\.empty):\n\s+(?:display\.)?show\(", re.M)
+    for page in sorted((ROOT / "book").glob("*.md")):
+        assert not guarded.findall(page.read_text()), f"{page.name}: show() decides what to show, not the page"

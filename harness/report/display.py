@@ -14,10 +14,14 @@ from harness.spec import CARDS
 PADDED: list[CSSDict] = [{"selector": "td, th", "props": "padding: 0.25em 0.7em;"}]  # columns never run into each other
 
 
-def show(item: pd.DataFrame | Figure) -> None:
-    """Display a table (full cell text, no row numbers) or a figure (then close it) in a page."""
+def show(item: pd.DataFrame | Figure | None) -> None:
+    """Display a table (full cell text, no row numbers) or a figure (then close it) in a page; nothing for
+    None (a figure with nothing to draw) or an empty table, as :func:`markdown` shows nothing for an empty
+    text: a page calls ``show`` unconditioned and the report function decides whether there is anything."""
     from IPython.display import display
 
+    if item is None or (isinstance(item, pd.DataFrame) and item.empty):
+        return
     if isinstance(item, pd.DataFrame):
         with pd.option_context("display.max_colwidth", None):
             plain = item.index.name is None and item.index.nlevels == 1
@@ -70,6 +74,4 @@ def per_card(frame: pd.DataFrame, *renderers: Callable[[pd.DataFrame], pd.DataFr
         values = key if isinstance(key, tuple) else (key,)
         markdown(card_heading(str(values[0]), str(values[1]) if len(values) > 1 else "default"))
         for render in renderers:
-            item = render(group)
-            if not (isinstance(item, pd.DataFrame) and item.empty):
-                show(item)
+            show(render(group))

@@ -273,13 +273,16 @@ def draw_ceilings(axis: Axes, searches: Sequence[SearchRow], short_cards: bool =
     return True
 
 
-def plot_op_speedup(ops: pd.DataFrame, title: str) -> Figure:
+def plot_op_speedup(ops: pd.DataFrame, title: str) -> Figure | None:
     """Fused speedup over vanilla vs batch size, with its bootstrap 95% interval as an error bar: one panel
-    per head, a line per backend × negatives (the backend's colour, a line style per number of negatives)."""
+    per head, a line per backend × negatives (the backend's colour, a line style per number of negatives);
+    None where no op cell was timed under the timing rule (no time to draw)."""
     done = ops[(ops["outcome"] == "ok") & ops["times_comparable"].astype(bool)]  # times under the timing rule only
     heads = list(dict.fromkeys(zip(done["stack"], done["regime"], strict=True)))
-    columns = min(len(heads), 2) or 1
-    rows = -(-len(heads) // columns) or 1
+    if not heads:
+        return None
+    columns = min(len(heads), 2)
+    rows = -(-len(heads) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.1 * columns, 3.1 * rows), squeeze=False, sharey=True)
     dashes = ["-", "--", ":", "-."]
     negatives_seen = sorted({int(n) for n in done["negatives"].dropna()})
