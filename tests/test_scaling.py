@@ -150,6 +150,34 @@ def test_the_cost_sentence_counts_the_searches_and_scales_the_measured_step(comm
     assert f"took {row['steady_step_time_sec']:.2f} s" in text and f"at least {minutes:.0f} minutes" in text
 
 
+def test_what_is_left_to_measure_of_the_gradcache_grid_is_read_from_the_grid_and_the_results(committed):
+    """pylate-gradcache.md: the planned cells with no committed result, per batch (it read "Batches of 4096 and
+    16384" as fixed text, while lik and flash at B = 1024 on the capped cards had not run either)."""
+    from harness.grid import load_grid
+
+    _, cells, _ = committed
+    planned = list(load_grid(scaling.GRADCACHE_GRID))
+    ran = set(cells.loc[cells["grid"] == "gradcache", "cell_id"])
+    left = [cell for cell in planned if cell.cell_id not in ran]
+    text = scaling.gradcache_unmeasured(cells)
+    if not left:
+        assert text == f"Every one of the {len(planned)} cells `grids/gradcache.yaml` plans has a committed result."
+        return
+    assert text.startswith(f"Of the {len(planned)} cells `grids/gradcache.yaml` plans, {len(left)} ")
+    for batch in {cell.spec.batch_size for cell in planned}:
+        missing = [cell for cell in left if cell.spec.batch_size == batch]
+        assert (f" at B = {batch:,} (" in text) == bool(missing), batch
+    assert scaling.gradcache_unmeasured(cells.iloc[0:0]).startswith(
+        f"Of the {len(planned)} cells `grids/gradcache.yaml` plans, {len(planned)} have no committed result yet: all ")
+    done = pd.DataFrame({"grid": "gradcache", "cell_id": [cell.cell_id for cell in planned]})
+    assert scaling.gradcache_unmeasured(done).startswith("Every one of the")
+    one_left = done.iloc[1:]
+    assert scaling.gradcache_unmeasured(one_left) == (
+        f"Of the {len(planned)} cells `grids/gradcache.yaml` plans, 1 has no committed result yet: 1 of the "
+        f"{sum(cell.spec.batch_size == planned[0].spec.batch_size for cell in planned)} at "
+        f"B = {planned[0].spec.batch_size:,} (on the {CARDS[planned[0].spec.card].nominal_gb} GB card).")
+
+
 def test_the_checkpointing_comparison_pairs_cells_of_one_batch_backend_and_card(committed):
     _, cells, _ = committed
     text = scaling.against_checkpointing(cells)

@@ -46,6 +46,7 @@ WORLDS = (1, 2, 4, 8)
 PREDICTED_BATCHES = (1024, 4096, 16384)
 GATHER_CARD = "h100-80gb"
 MULTI_GPU_GRID = Path(__file__).resolve().parents[2] / "grids" / "multi-gpu.yaml"
+GRADCACHE_GRID = Path(__file__).resolve().parents[2] / "grids" / "gradcache.yaml"
 
 
 def _gib(mib: float) -> str:
@@ -593,6 +594,27 @@ def ceiling_table(searches: Sequence[data.SearchRow]) -> pd.DataFrame:
                      "card": _card(search.card), f"per rank, W = {search.world_size}": ceiling_entry(row),
                      "probes": row.probes, "one GPU": "—" if alone is None else ceiling_entry(alone)})  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def gradcache_unmeasured(cells: pd.DataFrame, path: Path = GRADCACHE_GRID) -> str:
+    """Which cells of the GradCache grid (``grids/gradcache.yaml``) have no committed result yet, per batch
+    with the cards they are planned on, in words; what the page lists as still to measure, so it never
+    names a batch that has been measured (or misses one that has not)."""
+    planned = [cell for cell in load_grid(path) if isinstance(cell.spec, TrainSpec)]
+    ran = set() if cells.empty else set(cells.loc[cells["grid"] == path.stem, "cell_id"])
+    left = [cell for cell in planned if cell.cell_id not in ran]
+    name = f"`grids/{path.name}`"
+    if not left:
+        return f"Every one of the {len(planned)} cells {name} plans has a committed result."
+    parts = []
+    for batch in sorted({cell.spec.batch_size for cell in left}):
+        mine = [cell for cell in left if cell.spec.batch_size == batch]
+        of = sum(cell.spec.batch_size == batch for cell in planned)
+        cards = cards_in_order({cell.spec.card for cell in mine})
+        on = f"on the {joined([f'{CARDS[card].nominal_gb} GB' for card in cards])} card{'s' if len(cards) > 1 else ''}"
+        parts.append(f"{f'all {of}' if len(mine) == of else f'{len(mine)} of the {of}'} at B = {batch:,} ({on})")
+    return (f"Of the {len(planned)} cells {name} plans, {len(left)} {'has' if len(left) == 1 else 'have'} no committed "
+            f"result yet: {joined(parts)}.")
 
 
 def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow], probe_steps: int | None = None,
