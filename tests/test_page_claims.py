@@ -298,3 +298,85 @@ def test_where_each_repeated_pair_ran_is_read_from_their_platform_strings():
         assert f"{len(same)} on one host build (the same platform string), medians apart by up to {widest:.1f}%" in text
     if len(same) < len(pairs):
         assert f"{len(pairs) - len(same)} on two host builds" in text
+
+
+def page(name: str) -> str:
+    return re.sub(r"\s+", " ", (ROOT / "book" / f"{name}.md").read_text())
+
+
+def test_the_colqwen2_page_s_fixed_words_on_the_runs_it_compares_hold(committed):
+    """colpali.md: "A document page is up to 768 visual tokens + 11 prompt tokens" (the 128-d projection);
+    "ours uses colpali-engine 0.3.18's native switch under transformers 5.17 (the release the colpali
+    environment pins) on an H200 capped to 78.43 GiB"; "The published run's vanilla B=128 cell ran out of
+    memory"."""
+    results, _, calls = committed
+    text = page("colpali")
+    colqwen = calls[calls["stack"] == "colpali"]
+    assert len(colqwen) > 10 and "up to 768 visual tokens + 11 prompt tokens" in text
+    assert all(list(doc)[1] <= 768 + 11 and list(doc)[-1] == list(query)[-1] == 128
+               for query, doc in zip(colqwen["query_shape"], colqwen["doc_shape"], strict=True))  # fmt: skip
+    compared = [result for _, result in results.of(data.PUBLISHED_GRID)
+                if result.stack == "colpali" and result.card == "h100-80gb"]  # fmt: skip
+    assert len(compared) >= 4 and "colpali-engine 0.3.18's native switch under transformers 5.17" in text
+    pins = (ROOT / "envs" / "colpali" / "no-deps.txt").read_text() + (ROOT / "envs" / "colpali" / "constraints.txt").read_text()
+    assert "colpali-engine==0.3.18" in pins and re.search(r"^transformers==5\.17\.", pins, re.M)
+    for result in compared:
+        assert result.env.packages["colpali-engine"] == "0.3.18", result.cell_id
+        assert result.env.packages["transformers"].startswith("5.17."), result.cell_id
+        assert result.env.device_name == "NVIDIA H200", result.cell_id  # "on an H200 capped to 78.43 GiB"
+        assert result.env.card_cap_mib / 1024 == pytest.approx(CARDS["h100-80gb"].usable_gib)
+    assert f"on an H200 capped to {CARDS['h100-80gb'].usable_gib:.2f} GiB" in text
+    published = data.published("colpali", "plain")
+    vanilla = published[(published["batch_size"] == 128) & (published["variant"] == "vanilla")]
+    assert "The published run's vanilla B=128 cell ran out of memory" in text and list(vanilla["outcome"]) == ["oom"]
+
+
+def test_what_the_pages_call_an_h200_ran_on_one(committed):
+    """intro.md: "24–80 GB: an H200 capped to what PyTorch can use on such a card; 141 GB: the whole H200" (the
+    ceiling searches' probes the front page's tables read) and "On the whole 141 GB H200 (native card)";
+    colpali.md: "On the whole H200 … the uncapped 141 GB card". Every probe names an H200 (or no GPU: a
+    crashed kernel records none), and so does every grid cell on the native card."""
+    results, cells, _ = committed
+    assert "an H200 capped to what PyTorch can use on such a card; 141 GB: the whole H200" in page("intro")
+    assert set(data.probe_devices(results)) <= {"NVIDIA H200", data.UNRECORDED}
+    native = cells[cells["card"] == "native"]
+    assert len(native) > 10 and set(native["device_name"].dropna()) == {"NVIDIA H200"}
+    assert "On the whole 141 GB H200 (native card)" in page("intro") and "## On the whole H200" in page("colpali")
+
+
+def test_the_gathered_page_describes_its_grids_as_they_are():
+    """gathered.md: "(`grids/multi-gpu.yaml`: the 80 GB profile, W = 1, 2, 4 and 8)", its table "on the 80 GB
+    profile", and the per-rank ceilings: "trains 8 steps on every seed with negatives gathered across 8 GPUs
+    (`grids/multi-gpu-ceilings.yaml`; each probe a world-size-8 cell …)"."""
+    from harness.grid import load_grid
+    from harness.report import scaling
+    from harness.search import load_searches
+
+    text = page("gathered")
+    cells = [cell.spec for cell in load_grid(scaling.MULTI_GPU_GRID)]
+    assert {spec.card for spec in cells} == {scaling.GATHER_CARD} == {"h100-80gb"}
+    assert sorted({spec.world_size for spec in cells}) == [1, 2, 4, 8] and all(spec.gather for spec in cells)
+    assert "the 80 GB profile, W = 1, 2, 4 and 8" in text and "(GiB) on the 80 GB profile" in text
+    searches = load_searches(data.MULTI_GPU_CEILINGS_GRID)
+    assert searches and all((s.steps, s.world_size, s.gather, s.card) == (8, 8, True, "h100-80gb") for s in searches)
+    assert "trains 8 steps on every seed with negatives gathered across 8 GPUs" in text
+
+
+def test_the_gradcache_page_s_shapes_chunks_and_card_lines_are_the_committed_ones(committed):
+    """pylate-gradcache.md: "documents [B, 2, 300, 128] … `mini_batch_size` 64", one chunk of queries "against
+    all B·2 documents at a time", the chunk "by default the mini-batch"; "dotted: the usable memory of the
+    24 GB and 80 GB profiles"."""
+    from harness.report import scaling
+
+    _, cells, calls = committed
+    text = page("pylate-gradcache")
+    assert "`mini_batch_size` 64" in text and "against all B·2 documents at a time" in text
+    cached, cached_calls = data.select(cells, "pylate", "gradcache"), data.select(calls, "pylate", "gradcache")
+    assert len(cached) and set(cached["mini_batch_size"]) == {64}
+    for _, call in cached_calls.iterrows():
+        chunk = 64 if pd.isna(call["score_mini_batch_size"]) else int(call["score_mini_batch_size"])
+        assert list(call["doc_shape"])[:2] == [call["batch_size"], 2] and list(call["query_shape"])[0] == chunk
+    figure = scaling.plot_gradcache(cached, cached_calls)
+    dotted = {round(line.get_ydata()[0], 2) for line in figure.axes[0].get_lines() if line.get_linestyle() == ":"}
+    assert dotted == {CARDS["rtx4090-24gb"].usable_gib, CARDS["h100-80gb"].usable_gib}
+    assert "the usable memory of the 24 GB and 80 GB profiles" in text
