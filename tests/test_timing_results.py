@@ -320,3 +320,23 @@ def test_the_published_time_sentences_have_one_colon_at_most_and_none_in_a_brack
     assert texts[0].endswith(":") == (not table.empty)  # the lead's one colon, if any, opens the table
     if not table.empty:
         assert texts[0].count(":") == 1
+
+
+@pytest.mark.parametrize("stack, regime", [("colpali", "plain"), ("pylate", "grad-checkpoint")])
+def test_the_published_time_words_that_name_the_gpus_hold_for_the_cells_compared(stack, regime):
+    """colpali.md / pylate-*.md: the step-time lead ("the published run timed its cells on an H100 80 GB, ours on an
+    H200 capped to that card's memory"), the speed ratios' lead and the table's headers ("published s / step
+    (H100)", "ours s / step (H200 as the 80 GB card)") name the GPUs as fixed words, unlike the agreement
+    sentence, which computes them (prose.published_gpus): every cell they set beside a published time ran on
+    an H200 under the 80 GB card's cap, and every published time is the H100 80 GB card's."""
+    cells, published = data.select(CELLS, stack, regime), data.published(stack, regime)
+    table = tables.published_time_table(cells, published)
+    assert len(table) and set(published.dropna(subset=["step_sec"])["card"]) == {"h100-80gb"}
+    assert {"published s / step (H100)", "ours s / step (H200 as the 80 GB card)"} <= set(table.columns)
+    ok = tables.timed(cells)
+    for _, ref in published.dropna(subset=["step_sec"]).iterrows():
+        backend = data.backend_label(ref["variant"], ref["score_mini_batch_size"])
+        mine = ok[(ok["batch_size"] == ref["batch_size"]) & (ok["backend"] == backend) & (ok["card"] == ref["card"])]
+        assert set(mine["device_name"]) <= {"NVIDIA H200"}, (ref["batch_size"], backend)
+    lead = prose.published_time_lead(table, published)
+    assert "published run timed its cells on an H100 80 GB, ours on an H200 capped to that card's memory" in lead
