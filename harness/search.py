@@ -263,11 +263,13 @@ def same_bytes(one: CellResult, other: CellResult) -> bool:
 
 def cross_card_pairs(results: Iterable[CellResult]) -> list[tuple[CellResult, CellResult | None]]:
     """Each probe of the cross-card check whose result names its GPU, beside the same probe (same cell
-    id) from an H200 in the ``ceilings`` grid (None where that grid has none), in ``results``' order."""
+    id) from an H200 in the ``ceilings`` grid that trained on the same draw of the data (None where that
+    grid has none: a twin of another draw saw other batches, so it compares draws, not GPUs), in
+    ``results``' order."""
     results = list(results)
-    h200 = {result.cell_id: result for result in results
+    h200 = {(result.cell_id, result.data_draw): result for result in results
             if result.grid == "ceilings" and REFERENCE_GPU in ((result.env and result.env.device_name) or "")}  # fmt: skip
-    return [(result, h200.get(result.cell_id)) for result in results
+    return [(result, h200.get((result.cell_id, result.data_draw))) for result in results
             if result.grid == CROSS_CARD and result.env is not None and result.env.device_name]  # fmt: skip
 
 

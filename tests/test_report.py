@@ -318,6 +318,34 @@ def test_the_cross_card_check_sets_each_probe_beside_its_h200_twin(tmp_path):
     assert cells.empty
 
 
+def test_the_cross_card_check_leaves_out_a_twin_of_the_other_data_draw(tmp_path):
+    """A probe's H200 twin that trained on the other draw of the data saw other batches: the pair compares
+    draws as well as GPUs, so it is named apart and left out of the verdict."""
+    def drawn(result, draw, gpu):
+        result = on_gpu(result, gpu)
+        assert result.env is not None
+        source = f"synthetic:colpali_train_set:seed=42:{draw}"
+        return result.model_copy(update={"env": result.env.model_copy(update={"data_source": source})})
+
+    write_result(drawn(make_result(grid="ceilings", batch_size=8), "rows=64", "NVIDIA H200"), tmp_path / "ceilings" / "b8.json")
+    write_result(drawn(make_result(grid="ceilings", batch_size=16), "stream=1048576", "NVIDIA H200"),
+                 tmp_path / "ceilings" / "b16.json")  # fmt: skip
+    for batch, outcome in ((8, "oom"), (16, "ok")):
+        other = drawn(make_result(grid=data.CROSS_CARD, batch_size=batch, outcome=outcome), "stream=1048576",
+                      "NVIDIA H100 80GB HBM3")  # fmt: skip
+        write_result(other, tmp_path / "check" / f"b{batch}.json")
+    checks, other_draws = data.cross_card_checks(tmp_path), data.cross_card_other_draws(tmp_path)
+    assert [check.probe for check in checks] == ["colpali-plain-b16-vanilla-native"] and checks[0].identical
+    assert [check.probe for check in other_draws] == ["colpali-plain-b8-vanilla-native"]
+    text = prose.cross_card_reading(checks, data.probe_devices(tmp_path), other_draws)
+    assert text.endswith("1 more probe of the check has an H200 twin only on the other draw of the data (stream against "
+                         "rows), so it compares draws as well as GPUs and is left out of the verdict (ColQwen2: 0 of 1 the "
+                         "same to the byte, and 1 of them another outcome).")  # fmt: skip
+    assert "gave the same outcome and the same peaks to the byte" in text
+    assert prose.cross_card_reading([], data.probe_devices(tmp_path), other_draws).split(". ")[1].startswith(
+        "No probe has run again on another GPU on the same draw of the data yet")
+
+
 def test_seeds_of_a_batch_run_beside_others_are_compared_per_backend():
     def probe(backend, seed, alloc, shared=24.96, batch=352, outcome="ok"):
         return {"stack": "pylate", "regime": "grad-checkpoint", "backend": backend, "card": "rtx4090-24gb",

@@ -644,11 +644,24 @@ class CardCheck:
 
 
 def cross_card_checks(source: Source = None) -> list[CardCheck]:
-    """Every probe of the cross-card check that has its twin among the ceiling probes, run on an H200,
-    in path order."""
+    """Every probe of the cross-card check that has its twin among the ceiling probes, run on an H200
+    on the same draw of the data, in path order."""
     results = results_of(source)
     pairs = cross_card_pairs(result for _, result in results.of(CEILINGS, CROSS_CARD))
     return [CardCheck(result, twin) for result, twin in pairs if twin is not None]
+
+
+def cross_card_other_draws(source: Source = None) -> list[CardCheck]:
+    """The probes of the cross-card check whose only twin among the H200 ceiling probes (same cell id)
+    trained on the other draw of the data (``stream`` against ``rows``, :attr:`CellResult.data_draw`):
+    such a pair saw other batches as well as another GPU, so it is no check of the GPU. In path order."""
+    results = results_of(source)
+    ran = list(results.of(CEILINGS, CROSS_CARD))
+    paired = {result.cell_id for result, twin in cross_card_pairs(result for _, result in ran) if twin is not None}
+    h200 = {result.cell_id: result for _, result in ran
+            if result.grid == CEILINGS and "H200" in ((result.env and result.env.device_name) or "")}  # fmt: skip
+    return [CardCheck(result, h200[result.cell_id]) for _, result in ran
+            if result.grid == CROSS_CARD and result.cell_id in h200 and result.cell_id not in paired]  # fmt: skip
 
 
 UNRECORDED = "unrecorded"  # a probe whose result names no GPU (a crashed kernel records no environment)

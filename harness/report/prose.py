@@ -277,9 +277,36 @@ def sharing_reading(checks: Sequence[SharedCheck]) -> str:
                    f"GPU and host to itself{needed}: the check compares bytes only, not step times.")  # fmt: skip
 
 
-def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, int]) -> str:
+def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, int],
+                       other_draws: Sequence[CardCheck] = ()) -> str:  # fmt: skip
     """The cross-card check (:func:`harness.report.data.cross_card_checks`) in words, with what GPUs the
-    ceiling probes ran on (``probe_devices``: GPU name → committed probes)."""
+    ceiling probes ran on (``probe_devices``: GPU name → committed probes), then the check's probes whose
+    H200 twin trained on the other draw of the data (``other_draws``:
+    :func:`harness.report.data.cross_card_other_draws`), left out of the verdict."""
+    return " ".join(part for part in (_same_draw_reading(checks, probe_devices), _other_draw_reading(other_draws)) if part)
+
+
+def _other_draw_reading(other_draws: Sequence[CardCheck]) -> str:
+    """The check's probes whose only H200 twin trained on the other draw: how many, and, per stack,
+    how many of them measured the same bytes anyway (a stack whose batches have fixed shapes draws other
+    tokens in the same shapes)."""
+    if not other_draws:
+        return ""
+    parts = []
+    for stack in sorted({check.other.spec.stack for check in other_draws}):
+        mine = [check for check in other_draws if check.other.spec.stack == stack]
+        same = sum(check.identical for check in mine)
+        outcome = sum(check.other.outcome != check.h200.outcome for check in mine)
+        moved = f", and {outcome} of them another outcome" if outcome else ""
+        parts.append(f"{STACK_NAMES.get(stack, stack)}: {same} of {len(mine)} the same to the byte{moved}")
+    draws = joined(sorted({f"{check.other.data_draw} against {check.h200.data_draw}" for check in other_draws}))
+    one = len(other_draws) == 1
+    return (f"{counted(len(other_draws), 'more probe')} of the check {'has' if one else 'have'} an H200 twin only on the "
+            f"other draw of the data ({draws}), so {'it compares' if one else 'they compare'} draws as well as GPUs and "
+            f"{'is' if one else 'are'} left out of the verdict ({'; '.join(parts)}).")  # fmt: skip
+
+
+def _same_draw_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, int]) -> str:
     known = {name: count for name, count in probe_devices.items() if name != UNRECORDED}
     ran = [f"{count} ran on an {gpu_words(name)}" for name, count in sorted(known.items())]
     ran_on = joined(ran) if ran else ""
@@ -288,8 +315,9 @@ def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, 
     none = f" ({counted(unrecorded, 'crashed probe')} recorded no GPU)" if unrecorded else ""
     where = f"Of the {total} committed ceiling probes, {ran_on}{none}." if known else ""
     if not checks:
-        return (f"{where} No probe has run again on another GPU yet, so whether a probe's bytes under a cap depend on "
-                "the GPU below it is not measured: the ceiling searches take probes from an H200 only.").strip()  # fmt: skip
+        return (f"{where} No probe has run again on another GPU on the same draw of the data yet, so whether a probe's "
+                "bytes under a cap depend on the GPU below it is not measured: the ceiling searches take probes from an "
+                "H200 only.").strip()  # fmt: skip
     devices = joined(sorted({gpu_words(check.device) for check in checks}))
     keys = sorted({_search_key(check) for check in checks})
     settings = "; ".join(_setting_words(key) for key in keys)
