@@ -481,3 +481,24 @@ def test_every_committed_speed_ratio_names_its_batch_and_card(verdicts):
             continue
         assert verdict.ours.startswith(f"on {text.card_label(claim_row.card)}: ")
         assert [int(b) for b in re.findall(r"B=(\d+): ", verdict.ours)] == list(claim_row.batches)
+
+
+def test_the_ceilings_page_names_every_search_decided_on_the_earlier_data_draw():
+    """The draw sentence counts, per stack, the finished searches whose ceiling or the batch above it has a
+    probe of the earlier draw: recounted here from the probes' recorded data sources."""
+    import re
+
+    from harness.report import prose
+
+    rows = data.ceilings(data.read())
+    text = prose.draw_reading(rows, data.ceilings(data.read(), data.CROSS_CARD_GRID))
+    for stack, name in (("colpali", "ColQwen2"), ("pylate", "PyLate")):
+        finished = [row for row in rows if row.stack == stack and row.ceiling.done and row.fits is not None]
+        earlier = 0
+        for row in finished:
+            probes = data.Probes(row.search, data.results_of(None).by_id(row.search.grid))
+            sources = [result.env.data_source for (batch, _), result in probes.by_probe.items()
+                       if batch in (row.fits, row.fails) and result.env is not None and result.env.data_source]  # fmt: skip
+            earlier += any(re.search(r":rows=\d+$", source) for source in sources)
+        said = f"{earlier} of its" if earlier else "none of its"
+        assert f"{name}: {said} {len(finished)} finished searches" in text

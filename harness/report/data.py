@@ -56,6 +56,7 @@ PINNED_CHECK = "pinned-check"  # grids/pinned-check.yaml: repeat cells timed pin
 # grids with their own pages or tables
 APART = (CEILINGS, SHARED_CHECK, CROSS_CARD, REPEAT, PARITY, LONG_RUN, PINNED_CHECK, MULTI_GPU, MULTI_GPU_CEILINGS)
 CEILINGS_GRID = ROOT / "grids" / "ceilings.yaml"
+CROSS_CARD_GRID = ROOT / "grids" / f"{CROSS_CARD}.yaml"  # searches of the ceilings grid run again on another GPU
 PUBLISHED = ROOT / "book" / "data" / "published.csv"
 # tools/investigate_lik_spike.py's record of its run on an H200: why an op cell's first lik backward
 # read 230–250 MiB more than the same call tuned
@@ -402,6 +403,8 @@ class SearchRow:
     crash_message: str | None = None  # why the crashed probe that stopped the search crashed (its marker's message)
     recipe: SearchRow | None = None  # where this search collates with fewer dataloader workers: the recipe's own
     loader_check: tuple[LoaderCheck, ...] = ()  # then: the probes both searches trained, their peaks compared
+    deciding_draws: frozenset[str] = frozenset()  # the data draws of the probes at the ceiling and the batch above it
+    devices: frozenset[str] = frozenset()  # the GPUs its probes ran on, as their results name them
 
     stack = property(lambda self: self.search.stack)
     regime = property(lambda self: self.search.regime)
@@ -508,6 +511,9 @@ def search_row(search: CeilingSearch, probes: Probes, frame: pd.DataFrame) -> Se
         fails_where=None if failure is None else failure["oom_where"],
         fails_message=None if failure is None else failure["oom_message"],
         crash_message=_crash_message(probes, ceiling.crashed),
+        deciding_draws=frozenset(draw for (batch, _), result in probes.by_probe.items()
+                                 if batch in (ceiling.fits, ceiling.fails) and (draw := result.data_draw) is not None),
+        devices=frozenset(probes.devices()),
     )  # fmt: skip
 
 

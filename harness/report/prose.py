@@ -1601,3 +1601,42 @@ def crash_reading(searches: Sequence[SearchRow], collate: pd.DataFrame | None = 
     colpali = [row.ceiling.next_batch for row in host if row.stack == "colpali" and row.ceiling.next_batch]
     words = "" if collate is None or not colpali else collate_memory_words(collate, max(colpali))
     return f"{reading} {words}" if words else reading
+
+
+def draw_reading(rows: Sequence[SearchRow], check_rows: Sequence[SearchRow] = ()) -> str:
+    """Which draw of the synthetic data decides the finished ceilings (:attr:`SearchRow.deciding_draws`:
+    the probes at the ceiling and at the batch above it), per stack: the searches that decide on the earlier
+    draw (``rows``: batch × steps rows per cell, before one stream per seed) name their settings. Then
+    each search of the cross-card check (``check_rows``) that reached another ceiling on another draw than
+    its ceilings-grid twin, with both ceilings."""
+    done = [row for row in rows if row.ceiling.done and row.fits is not None and row.deciding_draws]
+    if not done:
+        return ""
+    parts = []
+    for stack in sorted({row.stack for row in done}):
+        mine = [row for row in done if row.stack == stack]
+        earlier = [row for row in mine if "rows" in row.deciding_draws]
+        if not earlier:
+            parts.append(f"{STACK_NAMES.get(stack, stack)}: none of its {len(mine)} finished searches")
+            continue
+        settings = joined([f"{row.backend} on {card_short(row.card)}"
+                           + ("" if row.allocator == "default" else f" ({row.allocator})") for row in earlier])  # fmt: skip
+        parts.append(f"{STACK_NAMES.get(stack, stack)}: {len(earlier)} of its {len(mine)} finished searches ({settings})")
+    text = ("Since one stream per seed replaced the draw of batch × steps rows per cell (the methodology), a ceiling "
+            "decided on probes of the earlier draw is the ceiling of other batches. Finished searches whose ceiling or "
+            f"the batch above it rests on a probe of the earlier draw: {'; '.join(parts)}.")
+    twins = {(row.stack, row.regime, row.backend, row.card, row.allocator): row for row in done}
+    moved = [f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)} trained up to {row.fits} "
+             f"on the {_draws(row)} (on an {joined(sorted(gpu_words(name) for name in row.devices))}) "
+             f"against {twin.fits} on the {_draws(twin)}"
+             for row in check_rows if row.ceiling.done and row.fits is not None and row.devices
+             and (twin := twins.get((row.stack, row.regime, row.backend, row.card, row.allocator))) is not None
+             and twin.fits != row.fits and twin.deciding_draws != row.deciding_draws]  # fmt: skip
+    if moved:
+        text += f" In the cross-card check above, {joined(moved)}: the draw, the GPU or both moved that ceiling."
+    return text
+
+
+def _draws(row: SearchRow) -> str:
+    """'stream draw', 'rows and stream draws': the draws a search's ceiling rests on."""
+    return f"{joined(sorted(row.deciding_draws))} draw{'s' if len(row.deciding_draws) > 1 else ''}"
