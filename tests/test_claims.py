@@ -502,3 +502,4 @@ def test_the_ceilings_page_names_every_search_decided_on_the_earlier_data_draw()
             earlier += any(re.search(r":rows=\d+$", source) for source in sources)
         said = f"{earlier} of its" if earlier else "none of its"
         assert f"{name}: {said} {len(finished)} finished searches" in text
+        assert (f"{earlier} of {name}'s {len(finished)}" in prose.draw_note(rows)) == bool(earlier)  # the table's note

@@ -337,6 +337,8 @@ def test_the_cross_card_check_leaves_out_a_twin_of_the_other_data_draw(tmp_path)
     checks, other_draws = data.cross_card_checks(tmp_path), data.cross_card_other_draws(tmp_path)
     assert [check.probe for check in checks] == ["colpali-plain-b16-vanilla-native"] and checks[0].identical
     assert [check.probe for check in other_draws] == ["colpali-plain-b8-vanilla-native"]
+    gap = tables.card_check(checks)["largest gap at a step, MiB (alloc · reserved)"]
+    assert list(gap) == ["no step both finished"]  # these records keep no per-step peaks
     text = prose.cross_card_reading(checks, data.probe_devices(tmp_path), other_draws)
     assert text.endswith("1 more probe of the check has an H200 twin only on the other draw of the data (stream against "
                          "rows), so it compares draws as well as GPUs and is left out of the verdict (ColQwen2: 0 of 1 the "

@@ -1640,3 +1640,16 @@ def draw_reading(rows: Sequence[SearchRow], check_rows: Sequence[SearchRow] = ()
 def _draws(row: SearchRow) -> str:
     """'stream draw', 'rows and stream draws': the draws a search's ceiling rests on."""
     return f"{joined(sorted(row.deciding_draws))} draw{'s' if len(row.deciding_draws) > 1 else ''}"
+
+
+def draw_note(rows: Sequence[SearchRow]) -> str:
+    """One line under the ceiling table: how many of the finished ceilings, per stack, rest on a probe of
+    the earlier draw of the data (:func:`draw_reading` names them); "" where none does."""
+    done = [row for row in rows if row.ceiling.done and row.fits is not None and row.deciding_draws]
+    counts = [(stack, sum("rows" in row.deciding_draws for row in done if row.stack == stack),
+               sum(row.stack == stack for row in done)) for stack in sorted({row.stack for row in done})]  # fmt: skip
+    said = [f"{earlier} of {STACK_NAMES.get(stack, stack)}'s {total}" for stack, earlier, total in counts if earlier]
+    if not said:
+        return ""
+    return (f"Data draw: {joined(said)} finished ceilings (both allocators) rest on a probe of the data drawn before one "
+            "stream per seed; the section on probes on another GPU names them.")

@@ -555,7 +555,8 @@ def card_check(checks: Sequence[CardCheck]) -> pd.DataFrame:
             "outcome H200 · other": f"{h200.outcome} · {other.outcome}",
             "peak alloc MiB H200 · other": _side_by_side(h200.step_peak_alloc_mib, other.step_peak_alloc_mib, ".2f"),
             "peak reserved MiB H200 · other": _side_by_side(h200.step_peak_reserved_mib, other.step_peak_reserved_mib, ".0f"),
-            "largest gap at a step, MiB (alloc · reserved)": "" if gap is None else f"{gap[0]:.0f} · {gap[1]:.0f}",
+            "largest gap at a step, MiB (alloc · reserved)":
+                "no step both finished" if gap is None else f"{gap[0]:.0f} · {gap[1]:.0f}",
             "identical": "yes" if check.identical else "no",
         })  # fmt: skip
     return pd.DataFrame(rows)
