@@ -1609,7 +1609,7 @@ def draw_reading(rows: Sequence[SearchRow], check_rows: Sequence[SearchRow] = ()
     draw (``rows``: batch × steps rows per cell, before one stream per seed) name their settings. Then
     each search of the cross-card check (``check_rows``) that reached another ceiling on another draw than
     its ceilings-grid twin, with both ceilings."""
-    done = [row for row in rows if row.ceiling.done and row.fits is not None and row.deciding_draws]
+    done = _decided(rows)
     if not done:
         return ""
     parts = []
@@ -1629,7 +1629,7 @@ def draw_reading(rows: Sequence[SearchRow], check_rows: Sequence[SearchRow] = ()
     moved = [f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)} trained up to {row.fits} "
              f"on the {_draws(row)} (on an {joined(sorted(gpu_words(name) for name in row.devices))}) "
              f"against {twin.fits} on the {_draws(twin)}"
-             for row in check_rows if row.ceiling.done and row.fits is not None and row.devices
+             for row in _decided(check_rows) if row.devices
              and (twin := twins.get((row.stack, row.regime, row.backend, row.card, row.allocator))) is not None
              and twin.fits != row.fits and twin.deciding_draws != row.deciding_draws]  # fmt: skip
     if moved:
@@ -1645,7 +1645,7 @@ def _draws(row: SearchRow) -> str:
 def draw_note(rows: Sequence[SearchRow]) -> str:
     """One line under the ceiling table: how many of the finished ceilings, per stack, rest on a probe of
     the earlier draw of the data (:func:`draw_reading` names them); "" where none does."""
-    done = [row for row in rows if row.ceiling.done and row.fits is not None and row.deciding_draws]
+    done = _decided(rows)
     counts = [(stack, sum("rows" in row.deciding_draws for row in done if row.stack == stack),
                sum(row.stack == stack for row in done)) for stack in sorted({row.stack for row in done})]  # fmt: skip
     said = [f"{earlier} of {STACK_NAMES.get(stack, stack)}'s {total}" for stack, earlier, total in counts if earlier]
@@ -1653,3 +1653,8 @@ def draw_note(rows: Sequence[SearchRow]) -> str:
         return ""
     return (f"Data draw: {joined(said)} finished ceilings (both allocators) rest on a probe of the data drawn before one "
             "stream per seed; the section on probes on another GPU names them.")
+
+
+def _decided(rows: Sequence[SearchRow]) -> list[SearchRow]:
+    """The finished searches with a ceiling whose deciding probes recorded their data draw."""
+    return [row for row in rows if row.ceiling.done and row.fits is not None and row.deciding_draws]
