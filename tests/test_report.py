@@ -421,6 +421,7 @@ def test_op_level_cells_give_a_speed_table_and_a_speedup_plot(tmp_path):
     untimed = ops.assign(times_comparable=False)  # measured before the timing rule: memory only
     assert set(tables.op_speed_table(untimed)["median (ms)"]) == {""} and tables.timed(untimed).empty
     assert plots.plot_op_speedup(untimed, "op") is None  # no time to draw: the op page shows nothing there
+    assert plots.plot_op_speedup(pd.DataFrame(), "op") is None  # no op cell committed: nothing to draw
     figure = plots.plot_op_speedup(ops, "op")
     (bars,) = figure.axes[0].containers  # the lik speedup line with its intervals; the 1× reference beside it
     line, _, (spans,) = bars

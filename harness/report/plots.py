@@ -277,6 +277,8 @@ def plot_op_speedup(ops: pd.DataFrame, title: str) -> Figure | None:
     """Fused speedup over vanilla vs batch size, with its bootstrap 95% interval as an error bar: one panel
     per head, a line per backend × negatives (the backend's colour, a line style per number of negatives);
     None where no op cell was timed under the timing rule (no time to draw)."""
+    if ops.empty or "times_comparable" not in ops:  # no op cell committed: no column to read
+        return None
     done = ops[(ops["outcome"] == "ok") & ops["times_comparable"].astype(bool)]  # times under the timing rule only
     heads = list(dict.fromkeys(zip(done["stack"], done["regime"], strict=True)))
     if not heads:
