@@ -267,10 +267,16 @@ def cross_card_pairs(results: Iterable[CellResult]) -> list[tuple[CellResult, Ce
     grid has none: a twin of another draw saw other batches, so it compares draws, not GPUs), in
     ``results``' order."""
     results = list(results)
-    h200 = {(result.cell_id, result.data_draw): result for result in results
-            if result.grid == "ceilings" and REFERENCE_GPU in ((result.env and result.env.device_name) or "")}  # fmt: skip
+    h200 = reference_probes(results)
     return [(result, h200.get((result.cell_id, result.data_draw))) for result in results
             if result.grid == CROSS_CARD and result.env is not None and result.env.device_name]  # fmt: skip
+
+
+def reference_probes(results: Iterable[CellResult]) -> dict[tuple[str, str | None], CellResult]:
+    """The ``ceilings`` grid's probes run on an H200, by cell id and data draw: the twins the cross-card
+    check is compared with."""
+    return {(result.cell_id, result.data_draw): result for result in results
+            if result.grid == "ceilings" and REFERENCE_GPU in ((result.env and result.env.device_name) or "")}  # fmt: skip
 
 
 def vouched_devices(results_dir: Path, grid_file: Path) -> frozenset[str]:

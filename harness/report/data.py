@@ -38,6 +38,7 @@ from harness.search import (
     Probes,
     cross_card_pairs,
     load_searches,
+    reference_probes,
     same_bytes,
     search_state,
 )
@@ -661,13 +662,10 @@ def cross_card_other_draws(source: Source = None) -> list[CardCheck]:
     """The probes of the cross-card check whose only twin among the H200 ceiling probes (same cell id)
     trained on the other draw of the data (``stream`` against ``rows``, :attr:`CellResult.data_draw`):
     such a pair saw other batches as well as another GPU, so it is no check of the GPU. In path order."""
-    results = results_of(source)
-    ran = list(results.of(CEILINGS, CROSS_CARD))
-    paired = {result.cell_id for result, twin in cross_card_pairs(result for _, result in ran) if twin is not None}
-    h200 = {result.cell_id: result for _, result in ran
-            if result.grid == CEILINGS and "H200" in ((result.env and result.env.device_name) or "")}  # fmt: skip
-    return [CardCheck(result, h200[result.cell_id]) for _, result in ran
-            if result.grid == CROSS_CARD and result.cell_id in h200 and result.cell_id not in paired]  # fmt: skip
+    ran = [result for _, result in results_of(source).of(CEILINGS, CROSS_CARD)]
+    by_id = {cell_id: twin for (cell_id, _), twin in reference_probes(ran).items()}  # a twin of any draw
+    return [CardCheck(result, by_id[result.cell_id]) for result, twin in cross_card_pairs(ran)
+            if twin is None and result.cell_id in by_id]  # fmt: skip
 
 
 UNRECORDED = "unrecorded"  # a probe whose result names no GPU (a crashed kernel records no environment)
