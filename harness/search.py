@@ -18,6 +18,13 @@ a crashed probe stops its search (``--rerun-crashed`` runs it once more), and a 
 search's walk (its start, step, resolution or limit edited after it ran) stops the search rather
 than being silently ignored.
 
+A probe of a stack whose batch shapes follow the drawn data (ColQwen2's, :attr:`Stack.shapes_follow_data`)
+that trained on an earlier draw of the synthetic data (one draw of batch × steps rows per cell, before
+one stream per seed: :data:`CURRENT_DRAW`) still steers the walk, but no ceiling rests on it: where
+one decides a finished walk — at the ceiling, or the failure at the batch above it — that probe runs
+again on the current draw (:func:`stale_deciding`), and the walk goes on from what it measures.
+PyLate pads every query and document to fixed lengths, so its probes of either draw ran the same shapes.
+
 This module is torch-free and runs nothing: the report reads searches through it, and
 :mod:`harness.orchestrate.ceiling` runs the probes it names.
 """
@@ -34,9 +41,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.grid import build_grid
 from harness.results import CellResult, read_results
-from harness.spec import TrainSpec, admits, make_spec
+from harness.spec import STACKS, TrainSpec, admits, make_spec
 
 MIN_STEPS = 8
+CURRENT_DRAW = "stream"  # the draw of the synthetic data cells train on now: one stream per seed
 SEARCH_FIELDS = ("stack", "regime", "variant", "score_mini_batch_size", "mini_batch_size", "card", "allocator",
                  "world_size", "gather", "dataloader_workers")  # fmt: skip
 EXPANDABLE = ("variant", "regime", "score_mini_batch_size", "mini_batch_size", "card", "allocator", "world_size")
@@ -114,6 +122,9 @@ class Ceiling:
     next_batch: int | None = None  # the batch still to decide (None: the search is over)
     stopped: str | None = None  # why it stopped early (a crashed probe)
     crashed: str | None = None  # the crashed probe that stopped it (its cell id), at ``next_batch``
+    # the walk is over, but a probe deciding it trained on an earlier draw of the data: ``next_batch``
+    # runs it again on the current draw (``fits`` and ``fails`` are the bounds read with it)
+    earlier_draw: bool = False
 
     @property
     def done(self) -> bool:
@@ -183,7 +194,8 @@ class Probes:
     """A search's probes as their results say, by (batch, seed): the one view of what has run.
 
     Built from the results of the search's grid under a results folder, keeping those whose
-    embedded spec is one of the search's probes. A result under a probe's id whose spec differs
+    embedded spec is one of the search's probes; those of an earlier draw of the data whose shapes
+    it changes (:func:`earlier_draw`) are kept apart in ``earlier``. A result under a probe's id whose spec differs
     (a smoke test with other steps, a grid edited since) is kept aside as a mismatch, never taken
     for the probe's verdict.
     """
@@ -191,10 +203,11 @@ class Probes:
     def __init__(self, search: CeilingSearch, results: Mapping[str, CellResult]) -> None:
         self.search = search
         self.by_probe: dict[tuple[int, int], CellResult] = {}
+        self.earlier: dict[tuple[int, int], CellResult] = {}
         self.mismatched: dict[str, CellResult] = {}
         for cell_id, result in results.items():
             if search.owns(result.spec):
-                self.by_probe[(result.batch_size, result.seed)] = result
+                (self.earlier if earlier_draw(result) else self.by_probe)[(result.batch_size, result.seed)] = result
             elif isinstance(result.spec, TrainSpec) and result.seed in search.seeds and cell_id == search.probe(
                 result.batch_size, result.seed
             ).cell_id:  # fmt: skip
@@ -205,22 +218,53 @@ class Probes:
         return read_probes([search], results_dir)[0]
 
     def outcome(self, batch_size: int, seed: int) -> str:
-        """``missing``, ``crashed``, ``ok`` or ``oom`` for one probe."""
+        """``missing``, ``crashed``, ``ok`` or ``oom`` for one probe: on the current draw of the data,
+        else on an earlier one (which steers the walk but decides no ceiling: :func:`stale_deciding`)."""
         probe = self.search.probe(batch_size, seed)
         if probe.cell_id in self.mismatched:
             ran = self.mismatched[probe.cell_id].spec
             raise ProbeMismatch(
                 f"the result of {probe.cell_id} ran as {ran}, but the probe asks {probe}; move that result away to run the probe."
             )
-        result = self.by_probe.get((batch_size, seed))
+        result = self.by_probe.get((batch_size, seed)) or self.earlier.get((batch_size, seed))
         return "missing" if result is None else result.outcome
 
     def batches(self) -> set[int]:
+        """The batches probed on the current draw of the data."""
         return {batch for batch, _ in self.by_probe}
 
     def devices(self) -> set[str]:
-        """The GPUs its probes ran on, as their results name them."""
-        return {result.env.device_name for result in self.by_probe.values() if result.env and result.env.device_name}
+        """The GPUs its probes ran on (of either draw), as their results name them."""
+        return {result.env.device_name for result in [*self.by_probe.values(), *self.earlier.values()]
+                if result.env and result.env.device_name}  # fmt: skip
+
+
+def earlier_draw(result: CellResult) -> bool:
+    """Whether a result trained on an earlier draw of the synthetic data than :data:`CURRENT_DRAW`, on a
+    stack whose batch shapes follow the drawn data: its probe, run now, would train other shapes."""
+    stack = STACKS.get(result.spec.stack) if isinstance(result.spec, TrainSpec) else None
+    return stack is not None and stack.shapes_follow_data and result.data_draw not in (None, CURRENT_DRAW)
+
+
+def stale_deciding(probes: Probes, ceiling: Ceiling) -> TrainSpec | None:
+    """The probe a finished walk still has to run again on the current draw of the data, or None where
+    its ceiling rests on the current draw: a probe of the earlier draw at the ceiling (the first seed
+    first), then, where no seed failed at the batch above it on the current draw, a failure there of
+    the earlier draw, then the ceiling's other seeds (the cheapest order: a ceiling that moves down
+    makes the probes above it moot)."""
+    search = probes.search
+
+    def earlier_only(batch: int | None, seeds: Sequence[int], outcome: str | None = None) -> TrainSpec | None:
+        for seed in seeds if batch is not None else ():
+            earlier = probes.earlier.get((batch, seed))  # type: ignore[arg-type]
+            if (batch, seed) not in probes.by_probe and earlier is not None and outcome in (None, earlier.outcome):
+                return search.probe(batch, seed)  # type: ignore[arg-type]
+        return None
+
+    failed_now = any(result.outcome == "oom" for (batch, _), result in probes.by_probe.items() if batch == ceiling.fails)
+    return (earlier_only(ceiling.fits, search.seeds[:1])
+            or (None if failed_now else earlier_only(ceiling.fails, search.seeds, "oom"))
+            or earlier_only(ceiling.fits, search.seeds[1:]))  # fmt: skip
 
 
 CROSS_CARD = "cross-card-check"  # grids/cross-card-check.yaml: capped searches run again on another GPU
@@ -281,18 +325,23 @@ def reference_probes(results: Iterable[CellResult]) -> dict[tuple[str, str | Non
 
 def vouched_devices(results_dir: Path, grid_file: Path) -> frozenset[str]:
     """The GPUs the cross-card check (``grid_file``, its results under ``results_dir``) vouches for:
-    every one of its searches finished on that GPU, and each of its probes there gave the outcome and
-    every step's peaks of the same probe (same cell id) from an H200 in the ``ceilings`` grid."""
+    every one of its searches finished on that GPU, each has a probe there with a twin (the same probe,
+    same cell id and data draw, from an H200 in the ``ceilings`` grid), and every such pair gave the same
+    outcome and every step's peaks. A probe without a twin on its draw compares nothing and is left out."""
     if not grid_file.exists():
         return frozenset()
     results, _ = read_results(results_dir)
-    checked: dict[str, list[bool]] = {}
+    searches = load_searches(grid_file)
+    same: dict[str, list[bool]] = {}
+    paired: dict[str, set[CeilingSearch]] = {}
     for result, twin in cross_card_pairs(result for _, result in results):
         assert result.env is not None and result.env.device_name  # (cross_card_pairs keeps only those)
-        checked.setdefault(result.env.device_name, []).append(twin is not None and same_bytes(result, twin))
-    searches = load_searches(grid_file)
+        if twin is not None:
+            same.setdefault(result.env.device_name, []).append(same_bytes(result, twin))
+            paired.setdefault(result.env.device_name, set()).update(s for s in searches if s.owns(result.spec))
     finished = all(search_state(search, results_dir)[0].done for search in searches)
-    return frozenset(device for device, same in checked.items() if finished and all(same) and REFERENCE_GPU not in device)
+    return frozenset(device for device, equal in same.items() if finished and all(equal)
+                     and paired[device] >= set(searches) and REFERENCE_GPU not in device)  # fmt: skip
 
 
 def batch_verdict(probes: Probes, batch_size: int, seeds: Sequence[int] | None = None,
@@ -353,12 +402,19 @@ def search_state(search: CeilingSearch, results: Path | Probes, rerun_crashed: b
     if pending.get("crashed"):
         ceiling.stopped, ceiling.crashed = f"probe {pending['crashed']} crashed", pending["crashed"]
         return ceiling, None
+    stale = stale_deciding(probes, ceiling) if ceiling.done else None
+    if stale is not None:
+        ceiling.next_batch, ceiling.earlier_draw = stale.batch_size, True
+        return ceiling, stale
     return ceiling, pending.get("plan") if not ceiling.done else None
 
 
 def describe(search: CeilingSearch, ceiling: Ceiling) -> str:
     if ceiling.stopped:
         return f"{search.search_id}: stopped, {ceiling.stopped}"
+    if ceiling.earlier_draw:
+        return (f"{search.search_id}: next B={ceiling.next_batch} runs again on the current data draw a probe of an "
+                f"earlier one (fits {ceiling.fits}, fails {ceiling.fails})")  # fmt: skip
     if not ceiling.done:
         return f"{search.search_id}: next B={ceiling.next_batch} (fits {ceiling.fits}, fails {ceiling.fails})"
     if ceiling.fails is None:

@@ -61,6 +61,10 @@ class Stack:
     lengths: tuple[int, int] | None = None  # op stacks: (query, document) tokens of the published shapes
     chunking: bool = False  # PyLate's score_mini_batch_size
     negative_heads: tuple[str, ...] = ()  # op stacks: heads that take explicit negatives
+    # train stacks: whether a batch's tensor shapes follow the drawn data (ColQwen2's image and query token
+    # counts do; PyLate pads every query and document to fixed lengths), so a probe of another draw of the
+    # data ran other shapes, not only other values
+    shapes_follow_data: bool = False
 
     @property
     def kernel(self) -> str:
@@ -73,7 +77,7 @@ STACKS: dict[str, Stack] = {
     stack.name: stack
     for stack in (
         Stack("colpali", "train", "colpali", ("plain",), "colpali", "notebooks/colpali.ipynb",
-              module="harness.stacks.colpali", presets=("tiny", "full")),
+              module="harness.stacks.colpali", presets=("tiny", "full"), shapes_follow_data=True),
         Stack("pylate", "train", "pylate", ("plain", "grad-checkpoint", "gradcache"), "pylate", "notebooks/pylate.ipynb",
               module="harness.stacks.pylate", presets=("tiny", "full"), chunking=True),
         Stack("op-colpali", "op", "colpali", ("inbatch", "negative-ce", "pairwise-negative-ce"), "colpali",

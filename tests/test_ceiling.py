@@ -355,6 +355,26 @@ def test_a_capped_search_takes_another_gpu_only_where_the_cross_card_check_vouch
     seeds = run_search(more, layout)
     assert seeds.done and not seeds.stopped and (seeds.fits, seeds.fails) == (672, 704)
     assert run_search(search(card="rtx4090-24gb"), layout).done  # and a fresh capped search
+    # a twin of another draw of the data compares draws, not GPUs: its probe is left out, and a search left with
+    # no twin on its draw vouches for nothing
+    checked = {path.name for path in (layout.results_dir / CROSS_CARD).rglob("*.json")}
+    twins = sorted(path for path in (layout.results_dir / "ceilings").rglob("*.json") if path.name in checked)
+    assert len(twins) == len(checked) > 1
+    def redraw(path: Path) -> None:
+        result = load_result(path)
+        assert result.env is not None
+        write_result(result.model_copy(update={"env": result.env.model_copy(update={"data_source": "synthetic:x:rows=8"})}), path)
+
+    redraw(twins[0])
+    assert vouched_devices(layout.results_dir, check_grid) == {h100}
+    for twin in twins[1:]:
+        redraw(twin)
+    assert vouched_devices(layout.results_dir, check_grid) == frozenset()
+    for twin in twins:
+        result = load_result(twin)
+        assert result.env is not None
+        write_result(result.model_copy(update={"env": result.env.model_copy(update={"data_source": None})}), twin)
+    assert vouched_devices(layout.results_dir, check_grid) == {h100}
     # one probe of the check that measured other bytes withdraws it
     path = next((layout.results_dir / CROSS_CARD).rglob("*.json"))
     moved = load_result(path)
@@ -620,3 +640,84 @@ def test_the_committed_multi_gpu_ceilings_search_per_rank_at_world_size_8_with_g
                                                         ("colpali", "vanilla"), ("colpali", "lik")}  # fmt: skip
     single = {s.search_id for s in load_searches(ROOT / "grids" / "ceilings.yaml")}
     assert not single & {s.search_id for s in searches}
+
+
+def drawn(draw: str, launch):
+    """``launch`` training on the ``draw`` draw of ColQwen2's synthetic data: its results record that source."""
+    def run(cell, layout, gpu, gate=None):
+        done = launch(cell, layout, gpu, gate)
+        path = layout.result_path(cell)
+        result = on_gpu(load_result(path), "NVIDIA H200")
+        assert result.env is not None
+        seed, rows = result.spec.seed, result.spec.batch_size * result.spec.steps
+        source = f"synthetic:colpali_train_set:seed={seed}:" + ("stream=1048576" if draw == "stream" else f"rows={rows}")
+        write_result(result.model_copy(update={"env": result.env.model_copy(update={"data_source": source})}), path)
+        return done
+
+    return run
+
+
+def colpali_search(**fields) -> CeilingSearch:
+    base = {"stack": "colpali", "regime": "plain", "variant": "vanilla", "card": "rtx4090-24gb", "seeds": [42, 43],
+            "start": 32, "step": 8, "limit": 512, "resolution": 4}  # fmt: skip
+    return CeilingSearch(**base | fields)
+
+
+def test_a_colpali_ceiling_decided_on_the_earlier_data_draw_runs_its_deciding_probes_again(tmp_path, layout, monkeypatch):
+    """ColQwen2's batch shapes follow the drawn images and queries, so a probe of the earlier draw (batch × steps
+    rows per cell) ran other shapes than the probe runs now: it steers the walk but decides no ceiling. The
+    probes deciding a finished walk run again on the current draw, the ceiling first, and the walk goes on from
+    what they measure; the earlier runs are kept beside the new ones, notebooks and logs included."""
+    s = colpali_search()
+    earlier = drawn("rows", fake_probe(36))
+    for batch, seed in [(32, 42), (40, 42), (36, 42), (36, 43)]:  # the search as it ran on the earlier draw
+        earlier(GridCell("ceilings", s.probe(batch, seed)), layout, None)
+    at_ceiling = GridCell("ceilings", s.probe(36, 42))  # its executed notebook and log, as a launch leaves them
+    layout.notebook_path(at_ceiling).parent.mkdir(parents=True, exist_ok=True)
+    layout.notebook_path(at_ceiling).write_text("{}")
+    layout.log_path(at_ceiling).write_text("the earlier run's log")
+    # read on the current draw: the walk is over, but its ceiling rests on the earlier draw
+    ceiling, next_probe = search_state(s, layout.results_dir)
+    assert (ceiling.fits, ceiling.fails, ceiling.done, ceiling.earlier_draw) == (36, 40, False, True)
+    assert next_probe is not None and (next_probe.batch_size, next_probe.seed) == (36, 42)
+    assert describe(s, ceiling) == ("colpali-plain-vanilla-rtx4090-24gb: next B=36 runs again on the current data "
+                                    "draw a probe of an earlier one (fits 36, fails 40)")  # fmt: skip
+    (row,) = data.ceilings(layout.results_dir, grid_file(tmp_path / "grid.yaml", s))
+    assert row.settled is None and not row.done and row.ceiling.earlier_draw
+    # on the current draw the batches are others, and the ceiling 28
+    calls: list = []
+    monkeypatch.setattr(orchestrate, "launch", drawn("stream", fake_probe(28, calls=calls)))
+    result = run_search(s, layout)
+    # 36 fails on seed 42; the walk's confirmation of 32 (seed 43 had no probe) then fails on the current draw
+    assert calls == [(36, 42), (32, 43), (24, 42), (28, 42), (28, 43)]
+    assert (result.fits, result.fails, result.done, result.earlier_draw) == (28, 32, True, False)
+    folder = layout.results_dir / "ceilings" / "colpali" / "plain"
+    kept = load_result(folder / "colpali-plain-b36-vanilla-rtx4090-24gb.json.rows-draw")
+    assert kept.data_draw == "rows" and kept.outcome == "ok"
+    assert load_result(folder / "colpali-plain-b36-vanilla-rtx4090-24gb.json").data_draw == "stream"
+    assert (folder / "colpali-plain-b36-vanilla-rtx4090-24gb.log.rows-draw").read_text() == "the earlier run's log"
+    notebooks = layout.notebooks_dir / "ceilings" / "colpali" / "plain"
+    assert (notebooks / "colpali-plain-b36-vanilla-rtx4090-24gb.ipynb.rows-draw").read_text() == "{}"
+    assert not (folder / "colpali-plain-b32-vanilla-rtx4090-24gb.json.rows-draw").exists()  # 32's seed 42 never ran again
+    (row,) = data.ceilings(layout.results_dir, grid_file(tmp_path / "grid.yaml", s))
+    assert (row.settled, row.fails, row.deciding_draws) == (28, 32, frozenset({"stream"}))
+
+
+def test_an_earlier_draw_ceiling_the_current_draw_confirms_runs_only_its_deciding_probes(layout, monkeypatch):
+    """Where the current draw measures what the earlier one did, the re-run is the ceiling's seeds and the
+    failure above it, no walk; PyLate (fixed shapes: every query and document padded) keeps its earlier probes."""
+    s = colpali_search()
+    earlier = drawn("rows", fake_probe(36))
+    for batch, seed in [(32, 42), (40, 42), (36, 42), (36, 43)]:
+        earlier(GridCell("ceilings", s.probe(batch, seed)), layout, None)
+    # a launcher that trains the earlier draw again stops the search, saying so, rather than loop
+    monkeypatch.setattr(orchestrate, "launch", earlier)
+    assert run_search(s, layout).stopped == (
+        "probe colpali-plain-b36-vanilla-rtx4090-24gb ran again on the rows draw of the data")
+    calls: list = []
+    monkeypatch.setattr(orchestrate, "launch", drawn("stream", fake_probe(36, calls=calls)))
+    assert (run_search(s, layout).fits, calls) == (36, [(36, 42), (40, 42), (36, 43)])
+    pylate = search(card="rtx4090-24gb", start=256, limit=1024)
+    monkeypatch.setattr(orchestrate, "launch", drawn("rows", fake_probe(300)))
+    assert run_search(pylate, layout).done
+    assert search_state(pylate, layout.results_dir) == (Ceiling(fits=288, fails=320), None)

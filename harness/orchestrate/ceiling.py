@@ -17,6 +17,7 @@ from harness import gpu_gate
 from harness.grid import ROOT, GridCell
 from harness.orchestrate.launcher import Gate, Layout, launch, set_aside, state
 from harness.orchestrate.pool import cell_environment, gpu_set, run_on_gpus
+from harness.results import load_result
 from harness.search import Ceiling, CeilingSearch, Probes, describe, device_mismatch, search_state, vouched_devices
 
 CROSS_CARD_GRID = ROOT / "grids" / "cross-card-check.yaml"
@@ -26,6 +27,7 @@ def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gat
                echo: Callable[[str], None] = print, rerun_crashed: bool = False) -> Ceiling:  # fmt: skip
     """Run the probes a search still needs, one at a time, and return where it ends."""
     rerun = set()  # crashed probes run again once each, not again and again
+    redrawn = set()  # probes of an earlier draw of the data run again, once each
     # the GPU the card labels name: uncapped, the device is the card (one kind per search); capped, another
     # GPU only where the cross-card check has shown it measures an H200's bytes under a cap
     here = gpu_gate.device_name(cell_environment(gpu, os.environ)["CUDA_VISIBLE_DEVICES"])
@@ -48,6 +50,16 @@ def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gat
         if current == "broken":
             moved = set_aside(layout.result_path(cell))
             echo(f"  {cell.cell_id}: its result file was not a valid result of this probe; kept aside as {moved.name}")
+        if ceiling.earlier_draw:  # its run of an earlier draw (result, notebook, log) kept beside the new one
+            draw = load_result(layout.result_path(cell)).data_draw
+            if cell.cell_id in redrawn:
+                return dataclasses.replace(ceiling, stopped=f"probe {cell.cell_id} ran again on the {draw} draw of the data")
+            redrawn.add(cell.cell_id)
+            for path in (layout.result_path(cell), layout.notebook_path(cell), layout.log_path(cell)):
+                if path.exists():
+                    set_aside(path, f"{draw}-draw")
+            echo(f"  {cell.cell_id}: trained on the {draw} draw of the data; runs again on the current one "
+                 f"(the earlier run kept as {layout.result_path(cell).name}.{draw}-draw)")
         run = launch(cell, layout, gpu, gate)
         if run.failure == "device_out_of_memory" and gate is not None and gate.share_gib is not None:
             echo(f"  {cell.cell_id}: the device, not the card's cap, ran out beside other probes; running it alone")

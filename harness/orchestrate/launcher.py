@@ -103,12 +103,14 @@ def finish_orphan(cell: GridCell, layout: Layout) -> bool:
     return True
 
 
-def set_aside(path: Path) -> Path:
-    """Move a broken result out of the report's way, keeping it: ``<name>.json.broken[-N]``."""
-    target = path.with_name(path.name + ".broken")
+def set_aside(path: Path, why: str = "broken") -> Path:
+    """Move a result out of the report's way, keeping it: ``<name>.json.broken[-N]`` for a broken one,
+    ``<name>.json.<why>[-N]`` for another reason (``rows-draw``: a probe of an earlier draw of the data,
+    run again on the current one)."""
+    target = path.with_name(f"{path.name}.{why}")
     index = 1
     while target.exists():
-        target, index = path.with_name(f"{path.name}.broken-{index}"), index + 1
+        target, index = path.with_name(f"{path.name}.{why}-{index}"), index + 1
     os.replace(path, target)
     return target
 
