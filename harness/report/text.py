@@ -11,6 +11,7 @@ import pandas as pd
 
 from harness.report.data import GIB_PER_MIB, LongRunVerdict, SearchRow
 from harness.results import HOST_OUT_OF_MEMORY
+from harness.search import REFERENCE_GPU
 from harness.spec import CARDS
 
 
@@ -142,11 +143,13 @@ def card_label(name: str, lines: bool = False) -> str:
     if profile is None or profile.nominal_gb is None:
         return name
     if profile.usable_gib is None:
-        return f"{profile.nominal_gb} GB\nthe whole\nH200" if lines else f"{profile.nominal_gb} GB (the whole H200)"
+        if lines:
+            return f"{profile.nominal_gb} GB\nthe whole\n{REFERENCE_GPU}"
+        return f"{profile.nominal_gb} GB (the whole {REFERENCE_GPU})"
     model = card_gpu(name)
     if lines:
         return f"{profile.nominal_gb} GB\n{model} profile\n{profile.usable_gib:.2f} GiB"
-    return f"{profile.nominal_gb} GB ({model} profile, {profile.usable_gib:.2f} GiB on an H200)"
+    return f"{profile.nominal_gb} GB ({model} profile, {profile.usable_gib:.2f} GiB on an {REFERENCE_GPU})"
 
 
 def card_gpu(name: str) -> str | None:
@@ -181,7 +184,7 @@ def card_short(name: str) -> str:
     profile = CARDS.get(name)
     if profile is None or profile.nominal_gb is None:
         return name
-    return f"{profile.nominal_gb} GB" + (" (whole H200)" if profile.usable_gib is None else "")
+    return f"{profile.nominal_gb} GB" + (f" (whole {REFERENCE_GPU})" if profile.usable_gib is None else "")
 
 
 STACK_NAMES = {"colpali": "ColQwen2", "pylate": "PyLate"}  # a stack as the pages name it
