@@ -47,8 +47,9 @@ import pandas as pd
 
 from harness import display
 from harness.report import data
-from harness.report.text import ANSI_COLOUR, gpu_text, regime_label
+from harness.report.text import ANSI_COLOUR, counted, gpu_text, regime_label
 from harness.results import CellResult
+from harness.search import REFERENCE_GPU, load_searches
 
 ROOT = Path(__file__).resolve().parent.parent
 CELLS_DIR = ROOT / "book" / "cells"
@@ -356,6 +357,23 @@ def show_index(results: data.Results, grid: str, cells_dir: Path = CELLS_DIR) ->
         return
     display(Markdown(index_counts(results, grid) + "."))
     display(HTML(index_html(results, grid, cells_dir)))
+
+
+def cross_card_lead(grid_file: Path = data.CROSS_CARD_GRID) -> str:
+    """What the cross-card check's section of the index is: its searches, counted from ``grid_file``
+    (``grids/cross-card-check.yaml``), run again on a GPU other than :data:`harness.search.REFERENCE_GPU`."""
+    searches = load_searches(grid_file)
+    return (f"The check runs {counted(len(searches), 'ceiling search', 'ceiling searches')} again, under the same "
+            f"caps, on a GPU other than the {REFERENCE_GPU} every card label names "
+            f"(`grids/{grid_file.name}`); the ceilings page sets each probe beside its {REFERENCE_GPU} twin of the "
+            "same data draw.")  # fmt: skip
+
+
+def show_cross_card_lead(grid_file: Path = data.CROSS_CARD_GRID) -> None:
+    """Display :func:`cross_card_lead` (``book/cells.md``, above the cross-card check's index)."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(cross_card_lead(grid_file)))
 
 
 def show_other_grids(results: data.Results, cells_dir: Path = CELLS_DIR) -> None:

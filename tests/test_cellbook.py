@@ -346,3 +346,23 @@ def test_every_grid_has_its_own_section_on_the_index_page(results):
         assert section.count("cellbook.show_index(") == 1, grid
     assert set(cellbook.grids_in_order(results)) <= set(cellbook.GRID_ORDER)  # none falls to "Other grids" today
     assert sections[-1].startswith("Other grids") and "show_other_grids" in sections[-1]
+
+
+def test_the_cross_card_section_counts_its_searches_from_the_grid(tmp_path):
+    """cells.md: the cross-card check's section says how many searches it runs again, counted from
+    grids/cross-card-check.yaml (a variant list expands to one search per variant), and on which GPU not,
+    as harness.search names it; the page shows that sentence, never a typed count."""
+    from harness.search import REFERENCE_GPU, load_searches
+
+    grid = data.CROSS_CARD_GRID
+    count = len(load_searches(grid))
+    assert count == 4  # three entries, one with two variants
+    lead = cellbook.cross_card_lead()
+    assert lead.startswith(f"The check runs {count} ceiling searches again, ")
+    assert f"other than the {REFERENCE_GPU} every card label names" in lead and f"(`grids/{grid.name}`)" in lead
+    fewer = tmp_path / grid.name
+    fewer.write_text(grid.read_text().replace("variant: [vanilla, lik]", "variant: lik"))
+    assert cellbook.cross_card_lead(fewer).startswith(f"The check runs {count - 1} ceiling searches again, ")
+    section = re.split(r"^## ", (ROOT / "book" / "cells.md").read_text(), flags=re.M)
+    (cross,) = [text for text in section if text.startswith("Cross-card check")]
+    assert "cellbook.show_cross_card_lead()" in cross and "Four" not in cross and "H200" not in cross

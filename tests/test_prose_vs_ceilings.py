@@ -567,4 +567,74 @@ def test_the_ceilings_page_marks_a_running_search_as_every_page_does(searches):
         expected = bracket + (LOADER_MARK if row.search.dataloader_workers is not None else "") + RUNNING_MARK
         assert expected in set(shown), (row.card, row.allocator, set(shown))
     page = (Path(__file__).parents[1] / "book" / "ceilings.md").read_text()
-    assert f"an entry marked `{RUNNING_MARK}`" in page and f'"A–B{RUNNING_MARK}"' in page and "(searching)" not in page
+    key = text.ceiling_key(figure=True)  # the page's key (test_every_page_with_a_table_of_ceilings_shows_the_one_key)
+    assert f"an entry marked `{RUNNING_MARK}`" in key and f"`A–B{RUNNING_MARK}`" in key and "(searching)" not in page
+    assert "ceiling_key(figure=True)" in page and "{glue:md}`ceiling_key`" in page
+
+
+def _marks_in(*functions: object) -> dict[str, str]:
+    """The mark constants (``*_MARK``) the source of ``functions`` names, with their marks."""
+    import inspect
+    import re
+
+    source = "".join(inspect.getsource(function) for function in functions)  # type: ignore[arg-type]
+    return {name: getattr(text, name) for name in sorted(set(re.findall(r"\b[A-Z_]+_MARK\b", source)))}
+
+
+def test_the_key_names_every_mark_a_ceiling_entry_carries_and_follows_the_constants(monkeypatch):
+    """text.ceiling_key, the one key to a table of ceilings: every mark constant that ceiling_text and
+    ceiling_entry write (read from their source, so a new mark there fails here until the key explains it),
+    and those of the decision table's entries (decision.entry) in the compact key, each in the form the
+    table shows; and it is written from the constants, so a mark changed in one place changes the tables'
+    entries and the key alike."""
+    entry_marks = _marks_in(text.ceiling_text, text.ceiling_entry, text._answer, text.below_words)
+    assert set(entry_marks) == {"RUNNING_MARK", "LONG_RUN_MARK", "LOADER_MARK"}
+    assert set(_marks_in(decision.entry)) <= set(entry_marks)  # the compact entries add no mark of their own
+    forms = {"RUNNING_MARK": ["`A–B{}`", "`≥ A{}`", "an entry marked `{}`"], "LOADER_MARK": ["`N{}`"],
+             "LONG_RUN_MARK": ["`N{} (OOM at step k of S; M trained all S)`"]}  # fmt: skip
+    compact_forms = forms | {"LONG_RUN_MARK": ["`N{}`,"]}
+    for name, mark in entry_marks.items():
+        for figure in (False, True):
+            full, compact = text.ceiling_key(figure=figure), text.ceiling_key(compact=True, figure=figure)
+            assert all(form.format(mark) in full for form in forms[name]), (name, full)
+            assert all(form.format(mark) in compact for form in compact_forms[name]), (name, compact)
+            assert (f"a {text.LONG_RUN_MARK} beside its marker" in full + compact) == figure
+    running = row("lik", "h100-80gb", 256, 512, done=False)
+    settled = row("lik", "native", 288, 296, stack="colpali")
+    loader = dataclasses.replace(settled, search=settled.search.model_copy(update={"dataloader_workers": 2}))
+    assert text.ceiling_entry(running) == f"256–511{text.RUNNING_MARK}" and text.ceiling_entry(loader) == f"288{text.LOADER_MARK}"
+    for name, other in (("RUNNING_MARK", "§"), ("LOADER_MARK", "¶"), ("LONG_RUN_MARK", "‖")):
+        monkeypatch.setattr(text, name, other)
+    assert text.ceiling_entry(running) == "256–511§" and text.ceiling_entry(loader) == "288¶"
+    moved = text.ceiling_key(figure=True) + text.ceiling_key(compact=True, figure=True)
+    assert "`A–B§`" in moved and "`N¶`" in moved and "`N‖`," in moved and "a ‖ beside its marker" in moved
+    assert not any(mark in moved for mark in entry_marks.values())  # none of the old marks is left
+
+
+PAGES_WITH_CEILINGS = {"decision.answer(": "the decision table", "ceiling_grid(": "the ceilings grid",
+                       "scaling.ceiling_table(": "the gathered ceilings"}  # fmt: skip
+
+
+def test_every_page_with_a_table_of_ceilings_shows_the_one_key():
+    """Every page that shows a table of ceiling entries glues text.ceiling_key into its text, compact where
+    the table is the decision table (its entries are decision.entry's), with the figures' mark where it
+    draws ceilings (plots.draw_ceilings); no page types a mark or a key of its own."""
+    from myst_nb.core.read import read_myst_markdown_notebook
+
+    book = Path(__file__).parents[1] / "book"
+    shown = []
+    for path in sorted(book.glob("*.md")):
+        notebook = read_myst_markdown_notebook(path.read_text())
+        code = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
+        prose_text = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "markdown")
+        assert text.LONG_RUN_MARK not in prose_text and text.LOADER_MARK not in prose_text, path.name
+        assert f"A–B{text.RUNNING_MARK}" not in prose_text and "entry marked" not in prose_text, path.name
+        if not any(call in code for call in PAGES_WITH_CEILINGS):
+            continue
+        shown.append(path.stem)
+        assert "{glue:md}`ceiling_key`" in prose_text, path.name
+        (call,) = [line for line in code.splitlines() if "ceiling_key(" in line and "import" not in line]
+        assert call.startswith('glue("ceiling_key", Markdown(ceiling_key('), path.name
+        assert ("compact=True" in call) == ("decision.answer(" in code), path.name
+        assert ("figure=True" in call) == ("plot_decision(" in code or "plot_ceiling_bars(" in code), path.name
+    assert sorted(shown) == ["ceilings", "colpali", "gathered", "intro"]

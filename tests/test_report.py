@@ -487,6 +487,23 @@ def test_numbers_never_read_minus_zero_and_cards_are_named_as_measured():
     assert text.card_label("native") == "141 GB (the whole H200)"
 
 
+def test_card_labels_name_the_gpu_the_harness_admits_for_capped_probes(monkeypatch):
+    """The GPU in every card label and heading is harness.search.REFERENCE_GPU, the one the ceiling searches admit
+    for a capped probe, never a literal of its own: another reference GPU renames every label, and no 'H200' is left."""
+    from harness.report import display
+    from harness.search import REFERENCE_GPU
+
+    assert REFERENCE_GPU == "H200"  # what the labels pinned above say
+    monkeypatch.setattr(text, "REFERENCE_GPU", "H300")
+    monkeypatch.setattr(display, "REFERENCE_GPU", "H300")
+    shown = [text.card_label("h100-80gb"), text.card_label("native"), text.card_label("native", lines=True),
+             text.card_short("native"), display.card_heading("h100-80gb"), display.card_heading("native")]  # fmt: skip
+    assert shown[:4] == ["80 GB (H100 profile, 78.43 GiB on an H300)", "141 GB (the whole H300)", "141 GB\nthe whole\nH300",
+                         "141 GB (whole H300)"]  # fmt: skip
+    assert shown[5] == "**141 GB card: the whole H300**, uncapped"
+    assert "measured on an H300 whose allocator" in shown[4] and not any("H200" in label for label in shown)
+
+
 def test_no_table_built_from_the_committed_results_shows_nan_none_or_minus_zero():
     results = data.read()
     cells, calls = data.load(results)

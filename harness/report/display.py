@@ -9,6 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from pandas.io.formats.style_render import CSSDict
 
+from harness.search import REFERENCE_GPU
 from harness.spec import CARDS
 
 PADDED: list[CSSDict] = [{"selector": "td, th", "props": "padding: 0.25em 0.7em;"}]  # columns never run into each other
@@ -61,9 +62,9 @@ def card_heading(card: str, allocator: str = "default") -> str:
     if profile is None or profile.nominal_gb is None:
         return f"**Card: {card}**{allocated}"
     if profile.usable_gib is None:
-        return f"**{profile.nominal_gb} GB card: the whole H200**, uncapped{allocated}"
+        return f"**{profile.nominal_gb} GB card: the whole {REFERENCE_GPU}**, uncapped{allocated}"
     model = card.split("-")[0].upper()
-    return (f"**{profile.nominal_gb} GB card ({model} profile)** — measured on an H200 whose allocator is capped at "
+    return (f"**{profile.nominal_gb} GB card ({model} profile)** — measured on an {REFERENCE_GPU} whose allocator is capped at "
             f"{profile.usable_gib:.2f} GiB, what PyTorch can use on such a card (see the methodology){allocated}")  # fmt: skip
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 
 from harness.report.data import GIB_PER_MIB, LongRunVerdict, SearchRow
 from harness.results import HOST_OUT_OF_MEMORY
+from harness.search import REFERENCE_GPU
 from harness.spec import CARDS
 
 
@@ -142,11 +143,13 @@ def card_label(name: str, lines: bool = False) -> str:
     if profile is None or profile.nominal_gb is None:
         return name
     if profile.usable_gib is None:
-        return f"{profile.nominal_gb} GB\nthe whole\nH200" if lines else f"{profile.nominal_gb} GB (the whole H200)"
+        if lines:
+            return f"{profile.nominal_gb} GB\nthe whole\n{REFERENCE_GPU}"
+        return f"{profile.nominal_gb} GB (the whole {REFERENCE_GPU})"
     model = card_gpu(name)
     if lines:
         return f"{profile.nominal_gb} GB\n{model} profile\n{profile.usable_gib:.2f} GiB"
-    return f"{profile.nominal_gb} GB ({model} profile, {profile.usable_gib:.2f} GiB on an H200)"
+    return f"{profile.nominal_gb} GB ({model} profile, {profile.usable_gib:.2f} GiB on an {REFERENCE_GPU})"
 
 
 def card_gpu(name: str) -> str | None:
@@ -181,7 +184,7 @@ def card_short(name: str) -> str:
     profile = CARDS.get(name)
     if profile is None or profile.nominal_gb is None:
         return name
-    return f"{profile.nominal_gb} GB" + (" (whole H200)" if profile.usable_gib is None else "")
+    return f"{profile.nominal_gb} GB" + (f" (whole {REFERENCE_GPU})" if profile.usable_gib is None else "")
 
 
 STACK_NAMES = {"colpali": "ColQwen2", "pylate": "PyLate"}  # a stack as the pages name it
@@ -252,8 +255,36 @@ def ceiling_text(row: SearchRow, running_note: str = SEARCHING) -> str:
 
 def ceiling_entry(row: SearchRow) -> str:
     """A search's answer as a table shows it: :func:`ceiling_text` with a running search's range marked
-    :data:`RUNNING_MARK` ('256–511*', '≥ 256*'), as every page's key explains it."""
+    :data:`RUNNING_MARK` ('256–511*', '≥ 256*'), as every page's key (:func:`ceiling_key`) explains it."""
     return ceiling_text(row, RUNNING_MARK)
+
+
+def ceiling_key(compact: bool = False, figure: bool = False) -> str:
+    """The key to the marks of a table of ceiling searches, written from :data:`RUNNING_MARK`,
+    :data:`LONG_RUN_MARK` and :data:`LOADER_MARK`, so that a mark changed there changes every page's key (each
+    page shows it through this function). ``compact``: the decision table's entries
+    (:func:`harness.report.decision.entry`: a long run's ceiling is 'N†' alone, and the sentence above the
+    table says at which step it ran out); otherwise every form :func:`ceiling_entry` writes. ``figure``:
+    the page's figures mark a long run's ceiling too (:func:`harness.report.plots.draw_ceilings`)."""
+    running = (f"an entry marked `{RUNNING_MARK}` is a search still under way: its ceiling lies in that range "
+               f"(`A–B{RUNNING_MARK}`: A trained on every seed run so far, B + 1 did not) or at least at A "
+               f"(`≥ A{RUNNING_MARK}`: no batch has failed yet)")  # fmt: skip
+    drawn = f" (a {LONG_RUN_MARK} beside its marker where a figure shows it)" if figure else ""
+    loader = f"`N{LOADER_MARK}`, a ceiling whose probes collated with fewer dataloader workers than the recipe's"
+    not_run = "`not run`, a search with no probe yet"
+    if compact:
+        long_run = (f"`N{LONG_RUN_MARK}`, a ceiling at which a long run (`grids/long-run.yaml`) ran out of memory part "
+                    f"way{drawn}, so it holds for the search's steps but not for a whole run (the sentence above the "
+                    "table says at which step, and how a run at a smaller batch went)")  # fmt: skip
+        return f"{running}; {not_run}; {long_run}; {loader}."
+    limits = "`≥ N`, a search that reached its limit without failing; `< N`, one whose smallest probe failed"
+    crashed = ("`≥ A (the probe at N crashed)`, a search stopped by a probe whose kernel died, neither training nor "
+               "running out of GPU memory, until that probe is run again (its notebook records the crash), and "
+               "`≥ A (the probe at N ran out of host memory)`, one the host's out-of-memory killer ended")  # fmt: skip
+    long_run = (f"`N{LONG_RUN_MARK} (OOM at step k of S; M trained all S)`, a ceiling at which a long run "
+                f"(`grids/long-run.yaml`) of S steps ran out of memory at step k{drawn}, and how the run at a smaller "
+                "batch M went")  # fmt: skip
+    return f"{limits}; {running}; {crashed}; {long_run}; {loader}; {not_run}."
 
 
 def _answer(row: SearchRow) -> str:
