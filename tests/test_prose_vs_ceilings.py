@@ -588,10 +588,10 @@ def test_the_key_names_every_mark_a_ceiling_entry_carries_and_follows_the_consta
     table shows; and it is written from the constants, so a mark changed in one place changes the tables'
     entries and the key alike."""
     entry_marks = _marks_in(text.ceiling_text, text.ceiling_entry, text._answer, text.below_words)
-    assert set(entry_marks) == {"RUNNING_MARK", "LONG_RUN_MARK", "LOADER_MARK"}
+    assert set(entry_marks) == {"RUNNING_MARK", "LONG_RUN_MARK", "LOADER_MARK", "EARLIER_DRAW_MARK"}
     assert set(_marks_in(decision.entry)) <= set(entry_marks)  # the compact entries add no mark of their own
     forms = {"RUNNING_MARK": ["`A–B{}`", "`≥ A{}`", "an entry marked `{}`"], "LOADER_MARK": ["`N{}`"],
-             "LONG_RUN_MARK": ["`N{} (OOM at step k of S; M trained all S)`"]}  # fmt: skip
+             "LONG_RUN_MARK": ["`N{} (OOM at step k of S; M trained all S)`"], "EARLIER_DRAW_MARK": ["`N{}`"]}  # fmt: skip
     compact_forms = forms | {"LONG_RUN_MARK": ["`N{}`,"]}
     for name, mark in entry_marks.items():
         for figure in (False, True):
@@ -603,11 +603,14 @@ def test_the_key_names_every_mark_a_ceiling_entry_carries_and_follows_the_consta
     settled = row("lik", "native", 288, 296, stack="colpali")
     loader = dataclasses.replace(settled, search=settled.search.model_copy(update={"dataloader_workers": 2}))
     assert text.ceiling_entry(running) == f"256–511{text.RUNNING_MARK}" and text.ceiling_entry(loader) == f"288{text.LOADER_MARK}"
-    for name, other in (("RUNNING_MARK", "§"), ("LOADER_MARK", "¶"), ("LONG_RUN_MARK", "‖")):
+    earlier = dataclasses.replace(settled, ceiling=dataclasses.replace(settled.ceiling, next_batch=288, earlier_draw=True))
+    assert text.ceiling_entry(earlier) == f"288{text.EARLIER_DRAW_MARK}" and not earlier.running
+    for name, other in (("RUNNING_MARK", "§"), ("LOADER_MARK", "¶"), ("LONG_RUN_MARK", "‖"), ("EARLIER_DRAW_MARK", "¤")):
         monkeypatch.setattr(text, name, other)
     assert text.ceiling_entry(running) == "256–511§" and text.ceiling_entry(loader) == "288¶"
     moved = text.ceiling_key(figure=True) + text.ceiling_key(compact=True, figure=True)
     assert "`A–B§`" in moved and "`N¶`" in moved and "`N‖`," in moved and "a ‖ beside its marker" in moved
+    assert text.ceiling_entry(earlier) == "288¤" and "`N¤`" in moved
     assert not any(mark in moved for mark in entry_marks.values())  # none of the old marks is left
 
 

@@ -404,7 +404,9 @@ class SearchRow:
     crash_message: str | None = None  # why the crashed probe that stopped the search crashed (its marker's message)
     recipe: SearchRow | None = None  # where this search collates with fewer dataloader workers: the recipe's own
     loader_check: tuple[LoaderCheck, ...] = ()  # then: the probes both searches trained, their peaks compared
-    deciding_draws: frozenset[str] = frozenset()  # the data draws of the probes at the ceiling and the batch above it
+    # the data draws of the probes at the ceiling and the batch above it (those of an earlier draw where they decide
+    # nothing, harness.search.earlier_draw, only while the search runs them again)
+    deciding_draws: frozenset[str] = frozenset()
     devices: frozenset[str] = frozenset()  # the GPUs its probes ran on, as their results name them
 
     stack = property(lambda self: self.search.stack)
@@ -435,8 +437,10 @@ class SearchRow:
 
     @property
     def running(self) -> bool:
-        """Whether the search is still under way: it has probes, has not finished, and no crashed probe stopped it."""
-        return self.probes > 0 and not self.done and not self.stopped
+        """Whether the search is still under way: it has probes, has not finished, no crashed probe stopped it, and
+        its walk is not one that ended on probes of the data's earlier draw (which runs them again: a mark of its own,
+        :data:`harness.report.text.EARLIER_DRAW_MARK`)."""
+        return self.probes > 0 and not self.done and not self.stopped and not self.ceiling.earlier_draw
 
 
 def ceilings(source: Source = None, grid_file: Path = CEILINGS_GRID) -> list[SearchRow]:
@@ -495,7 +499,8 @@ def loader_check(recipe: Probes, fewer: Probes) -> tuple[LoaderCheck, ...]:
 def search_row(search: CeilingSearch, probes: Probes, frame: pd.DataFrame) -> SearchRow:
     """A search's row: its state from ``probes``, its measurements from their rows of ``frame``."""
     ceiling, _ = search_state(search, probes)
-    ids = {result.cell_id for result in probes.by_probe.values()}
+    probed = {**probes.earlier, **probes.by_probe}  # every probe, of the data's earlier draw or the current one
+    ids = {result.cell_id for result in probed.values()}
     mine = frame[(frame["grid"] == search.grid) & frame["cell_id"].isin(ids)] if ids else frame.iloc[0:0]
     at_fit = mine[mine["batch_size"] == ceiling.fits]
     at_fail = mine[(mine["batch_size"] == ceiling.fails) & (mine["outcome"] == "oom")]
@@ -512,7 +517,7 @@ def search_row(search: CeilingSearch, probes: Probes, frame: pd.DataFrame) -> Se
         fails_where=None if failure is None else failure["oom_where"],
         fails_message=None if failure is None else failure["oom_message"],
         crash_message=_crash_message(probes, ceiling.crashed),
-        deciding_draws=frozenset(draw for (batch, _), result in probes.by_probe.items()
+        deciding_draws=frozenset(draw for (batch, _), result in (probed if ceiling.earlier_draw else probes.by_probe).items()
                                  if batch in (ceiling.fits, ceiling.fails) and (draw := result.data_draw) is not None),
         devices=frozenset(probes.devices()),
     )  # fmt: skip

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pandas as pd
 
 from harness.report import claims, style, timing
 from harness.report.data import (
+    CROSS_CARD_GRID,
     GIB_PER_MIB,
     PUBLISHED_GRID,
     TIMED_TWINS_NEEDED,
@@ -39,6 +41,7 @@ from harness.report.tables import (
     timed,
 )
 from harness.report.text import (
+    EARLIER_DRAW_MARK,
     LOADER_MARK,
     LONG_RUN_MARK,
     STACK_NAMES,
@@ -67,7 +70,7 @@ from harness.report.text import (
     span,
 )
 from harness.results import CellResult, Skipped
-from harness.search import REFERENCE_GPU
+from harness.search import REFERENCE_GPU, load_searches
 from harness.spec import CARDS
 
 # ---- measured cells ------------------------------------------------------------------------------
@@ -284,6 +287,19 @@ def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, 
     H200 twin trained on the other draw of the data (``other_draws``:
     :func:`harness.report.data.cross_card_other_draws`), left out of the verdict."""
     return " ".join(part for part in (_same_draw_reading(checks, probe_devices), _other_draw_reading(other_draws)) if part)
+
+
+def cross_card_intro(grid_file: Path | None = None) -> str:
+    """What the cross-card check is and when it lets another GPU into the capped searches
+    (:func:`harness.search.vouched_devices`), its searches counted from ``grid_file``."""
+    grid_file = grid_file or CROSS_CARD_GRID
+    searches = load_searches(grid_file)
+    return (f"Every capped card on this page is a cap on an {REFERENCE_GPU}. Whether a probe's bytes under a cap depend "
+            f"on the GPU below it is checked by running {counted(len(searches), 'of the searches', 'of the searches')} "
+            f"again, with the same caps, on another GPU (`grids/{grid_file.name}`), compared probe by probe with the "
+            f"{REFERENCE_GPU}'s that trained on the same draw of the data. A capped search takes probes from another GPU "
+            "only once that check has finished there, each of its searches has a probe with such a twin, and every "
+            "such pair measured the same outcome and step peaks to the byte.")  # fmt: skip
 
 
 def _other_draw_reading(other_draws: Sequence[CardCheck]) -> str:
@@ -1604,28 +1620,34 @@ def crash_reading(searches: Sequence[SearchRow], collate: pd.DataFrame | None = 
 
 
 def draw_reading(rows: Sequence[SearchRow], check_rows: Sequence[SearchRow] = ()) -> str:
-    """Which draw of the synthetic data decides the finished ceilings (:attr:`SearchRow.deciding_draws`:
-    the probes at the ceiling and at the batch above it), per stack: the searches that decide on the earlier
-    draw (``rows``: batch × steps rows per cell, before one stream per seed) name their settings. Then
-    each search of the cross-card check (``check_rows``) that reached another ceiling on another draw than
-    its ceilings-grid twin, with both ceilings."""
-    done = _decided(rows)
-    if not done:
-        return ""
+    """Which draw of the synthetic data the ceilings rest on (:attr:`SearchRow.deciding_draws`: the probes at
+    the ceiling and at the batch above it), per stack: the searches whose walk ended on probes of the earlier
+    draw (``rows``: batch × steps rows per cell, before one stream per seed) and, for a stack whose batch
+    shapes follow the data, run those probes again (:attr:`harness.search.Ceiling.earlier_draw`), or, for one
+    whose shapes do not, keep them; each named by its setting. Then each search of the cross-card check
+    (``check_rows``) that reached another ceiling on another draw than its ceilings-grid twin, with both."""
     parts = []
-    for stack in sorted({row.stack for row in done}):
-        mine = [row for row in done if row.stack == stack]
-        earlier = [row for row in mine if "rows" in row.deciding_draws]
-        if not earlier:
-            parts.append(f"{STACK_NAMES.get(stack, stack)}: none of its {len(mine)} finished searches")
-            continue
-        settings = joined([f"{row.backend} on {card_short(row.card)}"
-                           + ("" if row.allocator == "default" else f" ({row.allocator})") for row in earlier])  # fmt: skip
-        parts.append(f"{STACK_NAMES.get(stack, stack)}: {len(earlier)} of its {len(mine)} finished searches ({settings})")
+    for stack in sorted({row.stack for row in rows}):
+        name = STACK_NAMES.get(stack, stack)
+        again, kept = _rerun_on_current_draw(rows, stack), _kept_on_earlier_draw(rows, stack)
+        finished = [row for row in _decided(rows) if row.stack == stack]
+        if again:
+            parts.append(f"{name}: {len(again)} searches ({_settings(again)}), whose deciding probes run again on the "
+                         "current draw, since its batches' shapes follow the drawn images and queries (marked "
+                         f"{EARLIER_DRAW_MARK} until they have)")  # fmt: skip
+        elif kept:
+            parts.append(f"{name}: {len(kept)} of its {len(finished)} finished searches ({_settings(kept)}), kept, since "
+                         "it pads every query and document to fixed lengths: the earlier draw drew other tokens in "
+                         "the same shapes")  # fmt: skip
+        elif finished:
+            parts.append(f"{name}: none of its {len(finished)} finished searches")
+    if not parts:
+        return ""
     text = ("Since one stream per seed replaced the draw of batch × steps rows per cell (the methodology), a ceiling "
-            "decided on probes of the earlier draw is the ceiling of other batches. Finished searches whose ceiling or "
-            f"the batch above it rests on a probe of the earlier draw: {'; '.join(parts)}.")
-    twins = {(row.stack, row.regime, row.backend, row.card, row.allocator): row for row in done}
+            "decided on probes of the earlier draw is the ceiling of other batches. Searches whose ceiling or the batch "
+            f"above it rests on a probe of the earlier draw: {'; '.join(parts)}.")
+    answered = [row for row in rows if row.fits is not None and (row.ceiling.done or row.ceiling.earlier_draw)]
+    twins = {(row.stack, row.regime, row.backend, row.card, row.allocator): row for row in answered}
     moved = [f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)} trained up to {row.fits} "
              f"on the {_draws(row)} (on an {joined(sorted(gpu_words(name) for name in row.devices))}) "
              f"against {twin.fits} on the {_draws(twin)}"
@@ -1637,22 +1659,46 @@ def draw_reading(rows: Sequence[SearchRow], check_rows: Sequence[SearchRow] = ()
     return text
 
 
+def _settings(rows: Sequence[SearchRow]) -> str:
+    """'vanilla on 24 GB, lik on 80 GB (expandable)': the searches' backends and cards."""
+    return joined([f"{row.backend} on {card_short(row.card)}" + ("" if row.allocator == "default" else f" ({row.allocator})")
+                   for row in rows])  # fmt: skip
+
+
+def _rerun_on_current_draw(rows: Sequence[SearchRow], stack: str) -> list[SearchRow]:
+    """A stack's searches whose walk ended on probes of the earlier draw, which run again on the current one."""
+    return [row for row in rows if row.stack == stack and row.ceiling.earlier_draw]
+
+
+def _kept_on_earlier_draw(rows: Sequence[SearchRow], stack: str) -> list[SearchRow]:
+    """A stack's finished searches resting on a probe of the earlier draw (one whose shapes do not follow the data)."""
+    return [row for row in _decided(rows) if row.stack == stack and "rows" in row.deciding_draws]
+
+
 def _draws(row: SearchRow) -> str:
     """'stream draw', 'rows and stream draws': the draws a search's ceiling rests on."""
     return f"{joined(sorted(row.deciding_draws))} draw{'s' if len(row.deciding_draws) > 1 else ''}"
 
 
 def draw_note(rows: Sequence[SearchRow]) -> str:
-    """One line under the ceiling table: how many of the finished ceilings, per stack, rest on a probe of
-    the earlier draw of the data (:func:`draw_reading` names them); "" where none does."""
-    done = _decided(rows)
-    counts = [(stack, sum("rows" in row.deciding_draws for row in done if row.stack == stack),
-               sum(row.stack == stack for row in done)) for stack in sorted({row.stack for row in done})]  # fmt: skip
-    said = [f"{earlier} of {STACK_NAMES.get(stack, stack)}'s {total}" for stack, earlier, total in counts if earlier]
+    """One line under the ceiling table: per stack, how many searches ended on probes of the earlier draw of
+    the data and run them again (marked :data:`EARLIER_DRAW_MARK`), or rest on them, kept (fixed shapes);
+    :func:`draw_reading` names them. "" where none does."""
+    said = []
+    for stack in sorted({row.stack for row in rows}):
+        name = STACK_NAMES.get(stack, stack)
+        again, kept = _rerun_on_current_draw(rows, stack), _kept_on_earlier_draw(rows, stack)
+        if again:
+            said.append(f"{len(again)} of {name}'s {sum(row.stack == stack for row in rows)} searches ended on probes of "
+                        f"the data drawn before one stream per seed, whose batches had other shapes: marked "
+                        f"{EARLIER_DRAW_MARK}, their deciding probes run again on the current draw")  # fmt: skip
+        if kept:
+            finished = sum(row.stack == stack for row in _decided(rows))
+            said.append(f"{len(kept)} of {name}'s {finished} finished ceilings rest on a probe of that draw, kept since "
+                        "its shapes are fixed")  # fmt: skip
     if not said:
         return ""
-    return (f"Data draw: {joined(said)} finished ceilings (both allocators) rest on a probe of the data drawn before one "
-            "stream per seed; the section on probes on another GPU names them.")
+    return f"Data draw: {'; '.join(said)}. The section on probes on another GPU names them."
 
 
 def _decided(rows: Sequence[SearchRow]) -> list[SearchRow]:

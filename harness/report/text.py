@@ -229,6 +229,8 @@ LONG_RUN_MARK = "†"  # follows a ceiling at which a long run ran out of memory
 LOADER_MARK = "‡"  # follows a ceiling whose probes collated with fewer dataloader workers than the recipe's
 TUNER_MARK = "◊"  # follows op memory measured on a call during which Triton autotuned (the op page)
 RUNNING_MARK = "*"  # follows a table's ceiling whose search is still running: 'A–B*', '≥ A*' (every page's tables)
+EARLIER_DRAW_MARK = "°"  # follows a table's ceiling found on probes of the data's earlier draw, which run again
+EARLIER_DRAW = " (on probes of the data's earlier draw, which run again on the current one)"  # the same in a sentence
 SEARCHING = " (searching)"  # follows a sentence's ceiling whose search is still running: 'A–B (searching)'
 
 
@@ -246,10 +248,14 @@ def ceiling_text(row: SearchRow, running_note: str = SEARCHING) -> str:
     320 ran out of host memory)'; a ceiling at which a long run ran out of memory says when:
     '160† (OOM at step 27 of 100)', and where a run below it ended, how: '160† (OOM at step 27 of 100;
     144 trained all 100)'; one whose probes collated with fewer dataloader workers than the
-    recipe's is marked: '336‡' ('288–303‡*' while it runs)."""
+    recipe's is marked: '336‡' ('288–303‡*' while it runs); one whose walk ended on probes of the data's earlier
+    draw, which run again on the current one (:attr:`harness.search.Ceiling.earlier_draw`), is marked '36°' in a
+    table and said in a sentence: '36 (on probes of the data's earlier draw, …)'."""
     answer = _answer(row)
     if row.search.dataloader_workers is not None and row.probes:
         answer += LOADER_MARK
+    if row.ceiling.earlier_draw:
+        return answer + (EARLIER_DRAW_MARK if running_note == RUNNING_MARK else EARLIER_DRAW)
     return answer + running_note if row.running and (row.fits or row.fails) else answer
 
 
@@ -272,11 +278,14 @@ def ceiling_key(compact: bool = False, figure: bool = False) -> str:
     drawn = f" (a {LONG_RUN_MARK} beside its marker where a figure shows it)" if figure else ""
     loader = f"`N{LOADER_MARK}`, a ceiling whose probes collated with fewer dataloader workers than the recipe's"
     not_run = "`not run`, a search with no probe yet"
+    earlier = (f"`N{EARLIER_DRAW_MARK}`, a ColQwen2 ceiling found on probes of the data's earlier draw (batch × steps "
+               "rows per cell, before one stream per seed), whose batches had other shapes: its deciding probes run "
+               "again on the current draw")  # fmt: skip
     if compact:
         long_run = (f"`N{LONG_RUN_MARK}`, a ceiling at which a long run (`grids/long-run.yaml`) ran out of memory part "
                     f"way{drawn}, so it holds for the search's steps but not for a whole run (the sentence above the "
                     "table says at which step, and how a run at a smaller batch went)")  # fmt: skip
-        return f"{running}; {not_run}; {long_run}; {loader}."
+        return f"{running}; {earlier}; {not_run}; {long_run}; {loader}."
     limits = "`≥ N`, a search that reached its limit without failing; `< N`, one whose smallest probe failed"
     crashed = ("`≥ A (the probe at N crashed)`, a search stopped by a probe whose kernel died, neither training nor "
                "running out of GPU memory, until that probe is run again (its notebook records the crash), and "
@@ -284,7 +293,7 @@ def ceiling_key(compact: bool = False, figure: bool = False) -> str:
     long_run = (f"`N{LONG_RUN_MARK} (OOM at step k of S; M trained all S)`, a ceiling at which a long run "
                 f"(`grids/long-run.yaml`) of S steps ran out of memory at step k{drawn}, and how the run at a smaller "
                 "batch M went")  # fmt: skip
-    return f"{limits}; {running}; {crashed}; {long_run}; {loader}; {not_run}."
+    return f"{limits}; {running}; {earlier}; {crashed}; {long_run}; {loader}; {not_run}."
 
 
 def _answer(row: SearchRow) -> str:
@@ -296,6 +305,8 @@ def _answer(row: SearchRow) -> str:
         return f"stopped ({row.stopped})"
     if row.probes == 0:
         return "not run"
+    if row.ceiling.earlier_draw:  # (the mark follows: ceiling_text)
+        return f"{row.fits}" if row.fits is not None else f"< {row.fails}"
     if not row.done:
         if row.fits and row.fails:
             return f"{row.fits}–{row.fails - 1}"
