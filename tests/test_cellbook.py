@@ -356,13 +356,13 @@ def test_the_cross_card_section_counts_its_searches_from_the_grid(tmp_path):
 
     grid = data.CROSS_CARD_GRID
     count = len(load_searches(grid))
-    assert count == 4  # three entries, one with two variants
+    assert count == grid.read_text().count("\n  - {stack: ")  # one search per entry (none lists two variants)
     lead = cellbook.cross_card_lead()
     assert lead.startswith(f"The check runs {count} ceiling searches again, ")
     assert f"other than the {REFERENCE_GPU} every card label names" in lead and f"(`grids/{grid.name}`)" in lead
-    fewer = tmp_path / grid.name
-    fewer.write_text(grid.read_text().replace("variant: [vanilla, lik]", "variant: lik"))
-    assert cellbook.cross_card_lead(fewer).startswith(f"The check runs {count - 1} ceiling searches again, ")
+    more = tmp_path / grid.name  # a variant list expands to one search per variant
+    more.write_text(grid.read_text().replace("variant: flash, card: rtx4090-24gb", "variant: [lik, flash], card: rtx4090-24gb"))
+    assert cellbook.cross_card_lead(more).startswith(f"The check runs {count + 1} ceiling searches again, ")
     section = re.split(r"^## ", (ROOT / "book" / "cells.md").read_text(), flags=re.M)
     (cross,) = [text for text in section if text.startswith("Cross-card check")]
     assert "cellbook.show_cross_card_lead()" in cross and "Four" not in cross and "H200" not in cross
