@@ -97,13 +97,17 @@ def test_every_ceiling_search_has_a_row_and_the_misses_name_their_term(results, 
     misses = sorted(row["search_id"] for row in judged if not row["within_goal"])
     # every finished PyLate search with the default allocator is within one resolution or 5%
     assert all(row["within_goal"] for row in judged if row["stack"] == "pylate")
-    # the misses are ColQwen2 vanilla's, the 80 GB one among them (fragmentation the margin term carries)
-    assert "colpali-plain-vanilla-h100-80gb" in misses and all(m.startswith("colpali-plain-vanilla-") for m in misses)
-    assert {rows[miss]["wrong_term"] for miss in misses} == {"margin"}
+    # the misses, where any, are ColQwen2 vanilla's (fragmentation the margin term carries)
+    assert all(m.startswith("colpali-plain-vanilla-") for m in misses)
+    assert {rows[miss]["wrong_term"] for miss in misses} <= {"margin"}
+    # a search whose walk ended on probes of the data's earlier draw (run again on the current one) is not judged
+    stale = [search.search.search_id for search in searches if search.ceiling.earlier_draw]
+    assert stale and all(rows[search_id]["within_goal"] is None for search_id in stale)
     # an expandable-segments ceiling is predicted from the other cards' probes under that allocator alone
     for row in (row for row in rows.values() if row["allocator"] == "expandable" and row["predicted_ceiling"] is not None):
         assert row["margin_from_cards"] and row["card"] not in row["margin_from_cards"], row["search_id"]
-    assert document["summary"]["worst"]["search_id"] == "colpali-plain-vanilla-h100-80gb"
+    worst = max(judged, key=lambda row: abs(row["error_fraction"]))
+    assert document["summary"]["worst"]["search_id"] == worst["search_id"]
 
 
 def test_leaving_a_card_out_removes_its_cells(results):

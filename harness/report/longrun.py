@@ -24,6 +24,7 @@ from harness.grid import GridCell, load_grid
 from harness.report import style
 from harness.report.data import GIB_PER_MIB, LONG_RUN, LongRunVerdict, Results, SearchRow, backend_label, find_search
 from harness.report.text import (
+    EARLIER_DRAW_MARK,
     STACK_NAMES,
     allocator_words,
     card_short,
@@ -164,6 +165,8 @@ def _ceiling_of(run: LongRun, searches: Sequence[SearchRow]) -> str:
     row = find_search(searches, spec.stack, spec.regime, run.backend, spec.card, spec.allocator)
     if row is None or row.probes == 0:
         return "no search"
+    if row.ceiling.earlier_draw and row.fits is not None:  # its deciding probes run again on the current draw
+        return f"{row.fits}{EARLIER_DRAW_MARK}"
     return str(row.fits) if row.done and row.fits is not None else "not settled"
 
 
