@@ -117,6 +117,9 @@ def test_the_committed_recommendations_follow_the_committed_ceilings(committed):
             rerun = r.ceiling.earlier_draw  # ended on probes of the data's earlier draw, which run again
             assert value == decision.entry(r) and value.endswith("*") == (r.probes > 0 and not r.done and not rerun)
             assert value.endswith(EARLIER_DRAW_MARK) == rerun
+        reruns = sum(r.ceiling.earlier_draw for r in mine)  # the advice says how many wait on the current draw
+        assert (f" {reruns} of the searches in the table (marked {EARLIER_DRAW_MARK})" in text) == (
+            reruns > 0 and not decision._decided_cards(mine))
 
 
 def test_the_step_time_line_reads_timed_cells_only(committed):

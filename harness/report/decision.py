@@ -19,6 +19,7 @@ from harness.report import style, timing
 from harness.report.data import LongRunVerdict, SearchRow
 from harness.report.tables import timed
 from harness.report.text import (
+    EARLIER_DRAW_MARK,
     LONG_RUN_MARK,
     RUNNING_MARK,
     card_short,
@@ -293,8 +294,11 @@ def advice(searches: Sequence[SearchRow], stack: str, regime: str) -> str:
         return "Not measured yet: no ceiling search of this regime has run."
     decided = _decided_cards(rows)
     if not decided:
+        rerun = [row for row in rows if row.ceiling.earlier_draw]
+        why = (f" {len(rerun)} of the searches in the table (marked {EARLIER_DRAW_MARK}) ended on probes of the data's earlier draw, "
+               "whose batches had other shapes, and run those probes again on the current draw." if rerun else "")  # fmt: skip
         return ("No card has its searches settled yet (vanilla's and another finished, none running that could end above them), "
-                "so no backend is recommended; the table shows where each search stands.")  # fmt: skip
+                f"so no backend is recommended; the table shows where each search stands.{why}")  # fmt: skip
     winners_per_card: dict[str, list[str]] = {}
     for card in decided:
         on_card = [row for row in rows if row.card == card and row.settled is not None]
