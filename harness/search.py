@@ -389,11 +389,17 @@ def search_state(search: CeilingSearch, results: Path | Probes, rerun_crashed: b
 
     ceiling = plan_search(search, decider(search.seeds[:1]), decider(None))
     # A seed failing the confirmation drops the batches walked above it from the walk read back
-    # now; those all failed, above the bound. Any other probe off the walk means an edited search.
-    off_walk = sorted(
-        batch for batch in probes.batches() - visited
-        if ceiling.fails is None or batch < ceiling.fails or batch_verdict(probes, batch)[0] is not False
-    )  # fmt: skip
+    # now; those all failed, above the bound. A stack whose shapes follow the data also leaves probes
+    # off the walk that it ran again on the current draw, where the draw moved the bracket: those agree
+    # with it (they fit at or below the ceiling). Any other probe off the walk means an edited search.
+    redrawn = STACKS[search.stack].shapes_follow_data
+
+    def agrees(batch: int) -> bool:
+        verdict = batch_verdict(probes, batch)[0]
+        failed_above = ceiling.fails is not None and batch >= ceiling.fails and verdict is False
+        return failed_above or (redrawn and ceiling.fits is not None and batch <= ceiling.fits and verdict is True)
+
+    off_walk = sorted(batch for batch in probes.batches() - visited if not agrees(batch))
     if off_walk:
         raise ProbeMismatch(
             f"{search.search_id}: probes at B={off_walk} are not on this search's walk, so its start, step, "

@@ -721,3 +721,18 @@ def test_an_earlier_draw_ceiling_the_current_draw_confirms_runs_only_its_decidin
     monkeypatch.setattr(orchestrate, "launch", drawn("rows", fake_probe(300)))
     assert run_search(pylate, layout).done
     assert search_state(pylate, layout.results_dir) == (Ceiling(fits=288, fails=320), None)
+
+
+def test_a_colpali_ceiling_the_current_draw_moves_up_goes_on_from_its_re_run_probes(layout, monkeypatch):
+    """Where the current draw fits a batch the earlier draw failed, the walk goes up from there: the probes run
+    again below the new ceiling lie off its walk and agree with it, so they are kept, not taken for an edit."""
+    s = colpali_search()
+    earlier = drawn("rows", fake_probe(36))
+    for batch, seed in [(32, 42), (40, 42), (36, 42), (36, 43)]:
+        earlier(GridCell("ceilings", s.probe(batch, seed)), layout, None)
+    calls: list = []
+    monkeypatch.setattr(orchestrate, "launch", drawn("stream", fake_probe(48, calls=calls)))
+    result = run_search(s, layout)
+    assert (result.fits, result.fails, result.done, result.stopped) == (48, 52, True, None)
+    assert calls[:2] == [(36, 42), (40, 42)] and calls[-1] == (48, 43)
+    assert search_state(s, layout.results_dir) == (Ceiling(fits=48, fails=52), None)

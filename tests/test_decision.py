@@ -201,3 +201,16 @@ def test_the_front_page_answer_is_the_recommendation_its_table_and_the_step_time
         assert pieces[-1] == decision.time_words(decision.timed_batch(cells, stack, regime))
         assert len(pieces) == 2 + decision.started(searches, stack, regime)
     assert decision.answer(searches, cells, "colpali", "plain", lead="Lead.")[0].startswith("Lead. ")
+
+
+def test_a_card_with_a_search_ended_on_the_earlier_draw_is_not_decided():
+    """Two settled searches and a third whose walk ended on probes of the data's earlier draw: its bounds move
+    once those run again, so the card is not decided yet (its entry reads N°, or ≥ N° at the grid's limit)."""
+    settled = [row("vanilla", "h100-80gb", 640, 672), row("lik", "h100-80gb", 1280, 1344)]
+    earlier = row("flash", "h100-80gb", 1248, 1280, done=False)
+    earlier = dataclasses.replace(earlier, ceiling=dataclasses.replace(earlier.ceiling, earlier_draw=True))
+    assert decision._decided_cards(settled) == ["h100-80gb"]
+    assert decision._decided_cards([*settled, earlier]) == []
+    assert decision.entry(earlier) == f"1248{EARLIER_DRAW_MARK}"
+    at_limit = dataclasses.replace(earlier, ceiling=dataclasses.replace(earlier.ceiling, fails=None))
+    assert decision.entry(at_limit) == f"≥\u00a01248{EARLIER_DRAW_MARK}"

@@ -66,3 +66,22 @@ def test_new_files_come_in_a_redrawn_probe_replaces_its_earlier_run_kept_beside_
     again = ingest_device.ingest(archive, root, say=lambda line: None)
     assert not again["new"] and not again["redrawn"] and not again["progress"]
     assert not (folder / "b36.json.rows-draw-1").exists()
+
+
+def test_an_earlier_run_set_aside_before_is_no_sign_of_a_re_run_now(tmp_path):
+    """A set-aside of an earlier ingest comes back in every archive (the device seeds its results from the
+    commit): it marks no re-run, so another run of a probe committed since (a crashed one run again, a log
+    caught part way) is named and left as committed, never set aside as of the earlier draw."""
+    root = tmp_path / "repo"
+    folder = root / "results/ceilings/colpali/plain"
+    folder.mkdir(parents=True)
+    (folder / "b36.json").write_text('{"draw": "stream", "crashed": true}')
+    (folder / "b36.json.rows-draw").write_text('{"draw": "rows"}')
+    archive = pack(tmp_path / "results.tar.gz", {
+        "device-results/ceilings/colpali/plain/b36.json": '{"draw": "stream", "ran again": true}',
+        "device-results/ceilings/colpali/plain/b36.json.rows-draw": '{"draw": "rows"}',
+    })  # fmt: skip
+    done = ingest_device.ingest(archive, root, say=lambda line: None)
+    assert done["kept"] == ["results/ceilings/colpali/plain/b36.json"] and not done["redrawn"]
+    assert (folder / "b36.json").read_text() == '{"draw": "stream", "crashed": true}'
+    assert sorted(path.name for path in folder.iterdir()) == ["b36.json", "b36.json.rows-draw"]

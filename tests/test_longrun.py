@@ -12,6 +12,7 @@ import pytest
 from harness.grid import load_grid
 from harness.report import data, decision, longrun, prose
 from harness.report import text as text_module
+from harness.report.text import EARLIER_DRAW_MARK
 from harness.results import Progress, write_progress, write_result
 from harness.search import CeilingSearch
 from test_results import make_result, on_gpu
@@ -112,8 +113,8 @@ def test_the_committed_long_run_grid_reads_with_or_without_results():
     # the batch each long run trains is its search's settled 80 GB ceiling, or below a ceiling whose own run ran out
     for run, shown in zip(runs, table[longrun.BATCH], strict=True):
         batch = run.cell.spec.batch_size
-        if shown not in (f"{batch} ({batch})", f"{batch} (not settled)"):
-            ceiling = int(shown.split("(")[1].rstrip(")"))
+        if shown not in (f"{batch} ({batch})", f"{batch} ({batch}{EARLIER_DRAW_MARK})", f"{batch} (not settled)"):
+            ceiling = int(shown.split("(")[1].rstrip(")").removesuffix(EARLIER_DRAW_MARK))  # (° : of the earlier draw)
             at_ceiling = [other for other in runs if longrun.setting(other) == longrun.setting(run)
                           and other.cell.spec.batch_size == ceiling]  # fmt: skip
             assert batch < ceiling and len(at_ceiling) == 1 and run in longrun.below(at_ceiling[0], runs), shown

@@ -58,20 +58,26 @@ def ingest(archive: Path, root: Path, dry_run: bool = False, say: Callable[[str]
         unpacked = Path(temporary)
         with tarfile.open(archive) as tar:
             tar.extractall(unpacked, filter="data")
-        # the device's results the ceiling search ran again on the current draw: '<name>.json' → its draw
+        # the results the ceiling search ran again on the current draw, '<name>.json' → the earlier draw: the
+        # device set the earlier run aside, and it is the one committed here (an older set-aside, seeded from
+        # the commit and packed again, or one whose committed twin has moved on since, is not)
         redrawn: dict[Path, str] = {}
-        for aside in (unpacked / "device-results").rglob("*.json.*-draw"):
-            match = SET_ASIDE.search(aside.name)
-            if match:
-                result = aside.with_name(aside.name[: match.start()])
-                redrawn[TREES["device-results"] / result.relative_to(unpacked / "device-results")] = match["draw"]
+        for aside in (unpacked / "device-results").rglob("*.json.*-draw*"):
+            match = SET_ASIDE.search(re.sub(r"-\d+$", "", aside.name))
+            if not match:
+                continue
+            result = aside.with_name(aside.name[: match.start()])
+            relative = TREES["device-results"] / result.relative_to(unpacked / "device-results")
+            committed = root / relative
+            if committed.is_file() and committed.read_bytes() == aside.read_bytes():
+                redrawn[relative] = match["draw"]
         for tree, target_tree in TREES.items():
             source_root = unpacked / tree
             for source in sorted(path for path in source_root.rglob("*") if path.is_file()):
                 relative = source.relative_to(source_root)
                 target = root / target_tree / relative
                 name = str(target_tree / relative)
-                if SET_ASIDE.search(source.name) or source.name.endswith(".running.ipynb"):
+                if SET_ASIDE.search(re.sub(r"-\d+$", "", source.name)) or source.name.endswith(".running.ipynb"):
                     continue  # an earlier run set aside (its committed twin moves below), or a cell still running
                 if source.suffix == ".log" and not source.with_suffix(".json").exists():
                     done["skipped"].append(name)

@@ -50,16 +50,15 @@ def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gat
         if current == "broken":
             moved = set_aside(layout.result_path(cell))
             echo(f"  {cell.cell_id}: its result file was not a valid result of this probe; kept aside as {moved.name}")
-        if ceiling.earlier_draw:  # its run of an earlier draw (result, notebook, log) kept beside the new one
+        if ceiling.earlier_draw and layout.result_path(cell).exists():  # its earlier run kept beside the new one
             draw = load_result(layout.result_path(cell)).data_draw
             if cell.cell_id in redrawn:
                 return dataclasses.replace(ceiling, stopped=f"probe {cell.cell_id} ran again on the {draw} draw of the data")
             redrawn.add(cell.cell_id)
-            for path in (layout.result_path(cell), layout.notebook_path(cell), layout.log_path(cell)):
-                if path.exists():
-                    set_aside(path, f"{draw}-draw")
+            kept = [set_aside(path, f"{draw}-draw").name
+                    for path in (layout.result_path(cell), layout.notebook_path(cell), layout.log_path(cell)) if path.exists()]
             echo(f"  {cell.cell_id}: trained on the {draw} draw of the data; runs again on the current one "
-                 f"(the earlier run kept as {layout.result_path(cell).name}.{draw}-draw)")
+                 f"(the earlier run kept as {', '.join(kept)})")
         run = launch(cell, layout, gpu, gate)
         if run.failure == "device_out_of_memory" and gate is not None and gate.share_gib is not None:
             echo(f"  {cell.cell_id}: the device, not the card's cap, ran out beside other probes; running it alone")

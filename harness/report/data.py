@@ -504,6 +504,8 @@ def search_row(search: CeilingSearch, probes: Probes, frame: pd.DataFrame) -> Se
     mine = frame[(frame["grid"] == search.grid) & frame["cell_id"].isin(ids)] if ids else frame.iloc[0:0]
     at_fit = mine[mine["batch_size"] == ceiling.fits]
     at_fail = mine[(mine["batch_size"] == ceiling.fails) & (mine["outcome"] == "oom")]
+    current = at_fail[at_fail["cell_id"].isin({result.cell_id for result in probes.by_probe.values()})]
+    at_fail = at_fail if current.empty else current  # the failure that decided, where one of the current draw did
     usable = _largest(mine, "memory_limit_mib", GIB_PER_MIB)
     failure = at_fail.iloc[0] if not at_fail.empty else None
     return SearchRow(

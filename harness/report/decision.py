@@ -185,8 +185,9 @@ def time_words(found: TimedBatch | None) -> str:
 
 def _decided_cards(rows: Sequence[SearchRow]) -> list[str]:
     """Cards where vanilla's and at least one other backend's searches have finished and no search still
-    running there could end above the best of them (a range reaching past it, or an open one); searches
-    not run are left out."""
+    running there could end above the best of them (a range reaching past it, or an open one), nor one whose
+    walk ended on probes of the data's earlier draw (its bounds move once they run again); searches not run
+    are left out."""
     decided = []
     for card in cards_in_order(row.card for row in rows):
         on_card = [row for row in rows if row.card == card and row.probes > 0]
@@ -194,6 +195,8 @@ def _decided_cards(rows: Sequence[SearchRow]) -> list[str]:
         if len(settled) < 2 or not any(row.backend == "vanilla" and row.settled is not None for row in on_card):
             continue
         running = [row for row in on_card if row.settled is None]
+        if any(row.ceiling.earlier_draw for row in running):  # its bounds may move once it runs again
+            continue
         if all(row.fails is not None and row.fails - 1 <= max(settled) for row in running):
             decided.append(card)
     return decided
@@ -295,8 +298,8 @@ def advice(searches: Sequence[SearchRow], stack: str, regime: str) -> str:
     decided = _decided_cards(rows)
     if not decided:
         rerun = [row for row in rows if row.ceiling.earlier_draw]
-        why = (f" {len(rerun)} of the searches in the table (marked {EARLIER_DRAW_MARK}) ended on probes of the data's earlier draw, "
-               "whose batches had other shapes, and run those probes again on the current draw." if rerun else "")  # fmt: skip
+        why = (f" {len(rerun)} of the searches in the table (marked {EARLIER_DRAW_MARK}) ended on probes of the data's "
+               "earlier draw, whose batches had other shapes, and run those probes again on the current draw." if rerun else "")  # fmt: skip
         return ("No card has its searches settled yet (vanilla's and another finished, none running that could end above them), "
                 f"so no backend is recommended; the table shows where each search stands.{why}")  # fmt: skip
     winners_per_card: dict[str, list[str]] = {}

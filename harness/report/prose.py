@@ -1651,6 +1651,7 @@ def draw_reading(rows: Sequence[SearchRow], check_rows: Sequence[SearchRow] = ()
     moved = [f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)} trained up to {row.fits} "
              f"on the {_draws(row)} (on an {joined(sorted(gpu_words(name) for name in row.devices))}) "
              f"against {twin.fits} on the {_draws(twin)}"
+             + (" (a ceiling whose deciding probes run again on the current draw)" if twin.ceiling.earlier_draw else "")
              for row in _decided(check_rows) if row.devices
              and (twin := twins.get((row.stack, row.regime, row.backend, row.card, row.allocator))) is not None
              and twin.fits != row.fits and twin.deciding_draws != row.deciding_draws]  # fmt: skip
@@ -1689,7 +1690,8 @@ def draw_note(rows: Sequence[SearchRow]) -> str:
         name = STACK_NAMES.get(stack, stack)
         again, kept = _rerun_on_current_draw(rows, stack), _kept_on_earlier_draw(rows, stack)
         if again:
-            said.append(f"{len(again)} of {name}'s {sum(row.stack == stack for row in rows)} searches ended on probes of "
+            said.append(f"{len(again)} of the {sum(row.stack == stack and row.probes > 0 for row in rows)} {name} searches "
+                        "that have run ended on probes of "
                         f"the data drawn before one stream per seed, whose batches had other shapes: marked "
                         f"{EARLIER_DRAW_MARK}, their deciding probes run again on the current draw")  # fmt: skip
         if kept:

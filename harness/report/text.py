@@ -306,7 +306,7 @@ def _answer(row: SearchRow) -> str:
     if row.probes == 0:
         return "not run"
     if row.ceiling.earlier_draw:  # (the mark follows: ceiling_text)
-        return f"{row.fits}" if row.fits is not None else f"< {row.fails}"
+        return f"< {row.fails}" if row.fits is None else f"{row.fits}" if row.fails is not None else f"≥ {row.fits}"
     if not row.done:
         if row.fits and row.fails:
             return f"{row.fits}–{row.fails - 1}"
