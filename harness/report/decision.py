@@ -298,8 +298,9 @@ def advice(searches: Sequence[SearchRow], stack: str, regime: str) -> str:
     decided = _decided_cards(rows)
     if not decided:
         rerun = [row for row in rows if row.ceiling.earlier_draw]
-        why = (f" {len(rerun)} of the searches in the table (marked {EARLIER_DRAW_MARK}) ended on probes of the data's "
-               "earlier draw, whose batches had other shapes, and run those probes again on the current draw." if rerun else "")  # fmt: skip
+        why = "" if not rerun else (
+            f" {len(rerun)} of the searches in the table (marked {EARLIER_DRAW_MARK}) ended on probes of the data's earlier "
+            "draw, whose batches had other shapes, and run those probes again on the current draw.")  # fmt: skip
         return ("No card has its searches settled yet (vanilla's and another finished, none running that could end above them), "
                 f"so no backend is recommended; the table shows where each search stands.{why}")  # fmt: skip
     winners_per_card: dict[str, list[str]] = {}
