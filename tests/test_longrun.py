@@ -284,3 +284,23 @@ def test_a_run_on_another_gpu_than_the_h200_says_which(tmp_path):
     assert f"PyLate vanilla at B = 640 on 80 GB trained 21 of 30 steps{said} before its host was taken back" in reading
     legend = [text.get_text() for axis in longrun.plot(runs).axes for text in axis.get_legend().get_texts()]
     assert "vanilla B=640 (H100): cut short by its host after step 21" in legend
+
+
+def test_the_long_run_lead_and_draw_words_follow_the_grid_and_the_searches():
+    """The lead's steps per stack come from grids/long-run.yaml; the draw words name exactly the runs made at a
+    ceiling whose search ended on probes of the data's earlier draw."""
+    results = data.read()
+    runs, searches = longrun.long_runs(results), data.ceilings(results)
+    by_stack: dict[str, set[int]] = {}
+    for run in runs:
+        by_stack.setdefault(run.cell.spec.stack, set()).add(run.cell.spec.steps)
+    assert by_stack and all(len(steps) == 1 for steps in by_stack.values())
+    assert longrun.steps_words(runs) == f"{by_stack['colpali'].pop()} steps (ColQwen2) or {by_stack['pylate'].pop()} (PyLate)"
+    words = longrun.draw_words(runs, searches)
+    for run in runs:
+        spec = run.cell.spec
+        row = data.find_search(searches, spec.stack, spec.regime, run.backend, spec.card, spec.allocator)
+        ran = run.result is not None or run.progress is not None
+        assert (run.name in words) == bool(ran and row is not None and row.ceiling.earlier_draw), run.name
+    assert longrun.draw_words(runs, [dataclasses.replace(row, ceiling=dataclasses.replace(row.ceiling, earlier_draw=False))
+                                     for row in searches]) == ""  # fmt: skip

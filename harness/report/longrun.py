@@ -124,6 +124,33 @@ def long_runs(results: Results, grid_file: Path = GRID_FILE) -> list[LongRun]:
     return [LongRun(cell, found.get(cell.cell_id), _progress(results.root, cell)) for cell in load_grid(grid_file)]
 
 
+def steps_words(runs: Sequence[LongRun]) -> str:
+    """How long the long-run grid trains each stack: '100 steps (ColQwen2) or 200 (PyLate)'."""
+    steps: dict[str, set[int]] = {}
+    for run in runs:
+        steps.setdefault(run.cell.spec.stack, set()).add(run.cell.spec.steps)
+    said = [f"{'/'.join(str(count) for count in sorted(counts))} ({STACK_NAMES.get(stack, stack)})"
+            for stack, counts in sorted(steps.items())]  # fmt: skip
+    return " or ".join(said).replace(" (", " steps (", 1)
+
+
+def draw_words(runs: Sequence[LongRun], searches: Sequence[SearchRow]) -> str:
+    """The long runs whose batch is a ceiling found on probes of the data's earlier draw (its search runs them
+    again on the current draw, :data:`EARLIER_DRAW_MARK` in the table): they answer for that ceiling, and run
+    again at the current draw's once it settles; "" where none is."""
+    earlier = []
+    for run in runs:
+        spec = run.cell.spec
+        row = find_search(searches, spec.stack, spec.regime, run.backend, spec.card, spec.allocator)
+        if row is not None and row.ceiling.earlier_draw and (run.result is not None or run.progress is not None):
+            earlier.append(run.name)
+    if not earlier:
+        return ""
+    return (f"{joined(earlier)} trained at or below a ceiling found on probes of the data's earlier draw (marked "
+            f"{EARLIER_DRAW_MARK}), whose batches had other shapes: they answer for that ceiling, and run again at "
+            "the current draw's once its search settles it.")
+
+
 def _progress(root: Path, cell: GridCell) -> Progress | None:
     """The progress record of a planned cell, where one of its own spec lies beside its result's path."""
     record = load_progress(root.joinpath(cell.grid, *cell.spec.folder, f"{cell.cell_id}.json"))
