@@ -397,7 +397,8 @@ def validation_row(row: data.SearchRow, model: MemoryModel) -> dict[str, Any]:
     search = row.search
     key: Key = (search.stack, search.regime, row.backend)
     measured = row.settled if row.fails is not None else None
-    state = ("finished" if measured is not None else "at the limit" if row.settled is not None
+    state = ("earlier draw" if row.ceiling.earlier_draw  # its deciding probes run again on the current draw
+             else "finished" if measured is not None else "at the limit" if row.settled is not None
              else "bracketed, unconfirmed" if row.fits is not None and row.fails is not None
              else "lower bound only" if row.fits is not None else "not run")  # fmt: skip
     cap_mib = row.usable_gib * 1024 if row.usable_gib is not None else None

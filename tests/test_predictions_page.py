@@ -23,12 +23,16 @@ def test_the_validation_table_shows_every_search_with_probes_and_its_verdict(all
     assert (table["verdict"].str.startswith("misses")).sum() == len(missed)
     assert (table["verdict"] == "within goal").sum() == sum(row["within_goal"] is True for row in probed)
     for row, (_, shown) in zip(probed, table.iterrows(), strict=True):
-        if row["measured_ceiling"] is not None:
+        earlier = row["state"] == "earlier draw"  # found on probes of the data's earlier draw, run again: not judged
+        assert shown["measured"].endswith(predictions.EARLIER_DRAW_MARK) == earlier
+        if earlier:
+            assert row["within_goal"] is None and shown["verdict"] == "not judged: its probes run again"
+        elif row["measured_ceiling"] is not None:
             assert shown["measured"] == str(row["measured_ceiling"]) and shown["resolution"] == row["resolution"]
         else:
             assert shown["verdict"] in ("", "inside its range", "below a batch that trained", "at a batch that failed",
                                        "above a batch that failed")
-        running = row["measured_ceiling"] is None and row["measured_fails"] is not None
+        running = row["measured_ceiling"] is None and row["measured_fails"] is not None and not earlier
         assert shown["measured"].endswith(predictions.RUNNING_MARK) == running
         assert predictions.ROUGH_MARK not in shown["measured"]  # the rough mark is the cards table's predictions only
 

@@ -14,7 +14,17 @@ import pandas as pd
 
 from harness.memmodel import OTHER_CARDS, VALIDATION, MemoryModel, ModelError, fit
 from harness.report import data, style
-from harness.report.text import RUNNING_MARK, allocator_words, ceiling_entry, joined, nowrap, percent, regime_label
+from harness.report.text import (
+    EARLIER_DRAW_MARK,
+    RUNNING_MARK,
+    allocator_words,
+    ceiling_entry,
+    earlier_draw_words,
+    joined,
+    nowrap,
+    percent,
+    regime_label,
+)
 from harness.spec import ALLOCATORS as SPEC_ALLOCATORS
 from harness.spec import CARDS
 
@@ -51,14 +61,21 @@ ALLOCATORS = tuple(SPEC_ALLOCATORS)  # the validation tables, in the page's orde
 
 def searching_legend(document: dict[str, Any]) -> str:
     """The legend line of :data:`RUNNING_MARK`, where a validation table shows one (else empty)."""
-    if not any(_measured(row).endswith(RUNNING_MARK) for row in document["validation"] if row["state"] != "not run"):
-        return ""
-    return (f"`{RUNNING_MARK}`: a search still running; its measured range is where its ceiling can still end, and "
-            "its verdict says where the prediction lies against it.")  # fmt: skip
+    shown = [_measured(row) for row in document["validation"] if row["state"] != "not run"]
+    said = []
+    if any(measured.endswith(RUNNING_MARK) for measured in shown):
+        said.append(f"`{RUNNING_MARK}`: a search still running; its measured range is where its ceiling can still end, "
+                    "and its verdict says where the prediction lies against it.")  # fmt: skip
+    if any(measured.endswith(EARLIER_DRAW_MARK) for measured in shown):
+        said.append(f"`N{EARLIER_DRAW_MARK}`: {earlier_draw_words()}; it is not judged until then.")
+    return " ".join(said)
 
 
 def _measured(row: dict[str, Any]) -> str:
-    """A search's measured ceiling: the batch, '≥ 96' (at the search's limit) or '84–99*' (still running)."""
+    """A search's measured ceiling: the batch, '≥ 96' (at the search's limit), '84–99*' (still running) or '36°'
+    (found on probes of the data's earlier draw, which run again)."""
+    if row["state"] == "earlier draw":
+        return (f"≥ {row['measured_fits']}" if row["measured_fails"] is None else str(row["measured_fits"])) + EARLIER_DRAW_MARK
     if row["measured_ceiling"] is not None:
         return str(row["measured_ceiling"])
     if row["measured_fails"] is None:
@@ -77,7 +94,9 @@ def validation_tables(document: dict[str, Any], allocator: str = "default") -> d
             continue
         measured = _measured(row)
         predicted = "—" if row["predicted_ceiling"] is None else str(row["predicted_ceiling"])
-        if row["within_goal"] is None:
+        if row["state"] == "earlier draw":  # its bounds are the earlier draw's: nothing to judge against yet
+            verdict = "not judged: its probes run again"
+        elif row["within_goal"] is None:
             verdict = "" if row["predicted_ceiling"] is None else _inside(row)
         else:
             verdict = "within goal" if row["within_goal"] else f"misses: {row['wrong_term']}"

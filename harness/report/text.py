@@ -265,6 +265,12 @@ def ceiling_entry(row: SearchRow) -> str:
     return ceiling_text(row, RUNNING_MARK)
 
 
+def earlier_draw_words() -> str:
+    """What :data:`EARLIER_DRAW_MARK` marks, for a key: 'a ColQwen2 ceiling found on probes of …'."""
+    return ("a ColQwen2 ceiling found on probes of the data's earlier draw (batch × steps rows per cell, before one "
+            "stream per seed), whose batches had other shapes: its deciding probes run again on the current draw")
+
+
 def ceiling_key(compact: bool = False, figure: bool = False) -> str:
     """The key to the marks of a table of ceiling searches, written from :data:`RUNNING_MARK`,
     :data:`LONG_RUN_MARK` and :data:`LOADER_MARK`, so that a mark changed there changes every page's key (each
@@ -278,9 +284,7 @@ def ceiling_key(compact: bool = False, figure: bool = False) -> str:
     drawn = f" (a {LONG_RUN_MARK} beside its marker where a figure shows it)" if figure else ""
     loader = f"`N{LOADER_MARK}`, a ceiling whose probes collated with fewer dataloader workers than the recipe's"
     not_run = "`not run`, a search with no probe yet"
-    earlier = (f"`N{EARLIER_DRAW_MARK}`, a ColQwen2 ceiling found on probes of the data's earlier draw (batch × steps "
-               "rows per cell, before one stream per seed), whose batches had other shapes: its deciding probes run "
-               "again on the current draw")  # fmt: skip
+    earlier = f"`N{EARLIER_DRAW_MARK}`, {earlier_draw_words()}"
     if compact:
         long_run = (f"`N{LONG_RUN_MARK}`, a ceiling at which a long run (`grids/long-run.yaml`) ran out of memory part "
                     f"way{drawn}, so it holds for the search's steps but not for a whole run (the sentence above the "
