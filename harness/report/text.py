@@ -230,7 +230,7 @@ LOADER_MARK = "‡"  # follows a ceiling whose probes collated with fewer datalo
 TUNER_MARK = "◊"  # follows op memory measured on a call during which Triton autotuned (the op page)
 RUNNING_MARK = "*"  # follows a table's ceiling whose search is still running: 'A–B*', '≥ A*' (every page's tables)
 EARLIER_DRAW_MARK = "°"  # follows a table's ceiling found on probes of the data's earlier draw, which run again
-EARLIER_DRAW = " (on probes of the data's earlier draw, which run again on the current one)"  # the same in a sentence
+EARLIER_DRAW = " (found on the data's earlier draw; running again)"  # the same in a sentence
 SEARCHING = " (searching)"  # follows a sentence's ceiling whose search is still running: 'A–B (searching)'
 
 
@@ -250,7 +250,7 @@ def ceiling_text(row: SearchRow, running_note: str = SEARCHING) -> str:
     144 trained all 100)'; one whose probes collated with fewer dataloader workers than the
     recipe's is marked: '336‡' ('288–303‡*' while it runs); one whose walk ended on probes of the data's earlier
     draw, which run again on the current one (:attr:`harness.search.Ceiling.earlier_draw`), is marked '36°' in a
-    table and said in a sentence: '36 (on probes of the data's earlier draw, …)'."""
+    table and said in a sentence: '36 (found on the data's earlier draw; running again)'."""
     answer = _answer(row)
     if row.search.dataloader_workers is not None and row.probes:
         answer += LOADER_MARK
