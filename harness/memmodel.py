@@ -58,6 +58,8 @@ from harness.spec import CARDS, CONTEXT_GIB, SpecError, choose
 
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = ROOT / "results" / "predictions" / "validation.json"
+# a validation row's state where the search ended on probes of the data's earlier draw, which run again
+EARLIER_DRAW_STATE = "earlier draw"
 MIB = 1 << 20
 GOAL_FRACTION = 0.05  # a prediction within one search resolution or 5% of the ceiling, whichever is larger
 # Re-runs of cells already in the data; and the traced and long-run cells, the grids' shapes again with
@@ -397,7 +399,7 @@ def validation_row(row: data.SearchRow, model: MemoryModel) -> dict[str, Any]:
     search = row.search
     key: Key = (search.stack, search.regime, row.backend)
     measured = row.settled if row.fails is not None else None
-    state = ("earlier draw" if row.ceiling.earlier_draw  # its deciding probes run again on the current draw
+    state = (EARLIER_DRAW_STATE if row.ceiling.earlier_draw  # its deciding probes run again on the current draw
              else "finished" if measured is not None else "at the limit" if row.settled is not None
              else "bracketed, unconfirmed" if row.fits is not None and row.fails is not None
              else "lower bound only" if row.fits is not None else "not run")  # fmt: skip

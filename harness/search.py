@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.grid import build_grid
+from harness.grid import GRIDS_DIR, build_grid
 from harness.results import CellResult, read_results
 from harness.spec import STACKS, TrainSpec, admits, make_spec
 
@@ -268,6 +268,7 @@ def stale_deciding(probes: Probes, ceiling: Ceiling) -> TrainSpec | None:
 
 
 CROSS_CARD = "cross-card-check"  # grids/cross-card-check.yaml: capped searches run again on another GPU
+CROSS_CARD_GRID = GRIDS_DIR / f"{CROSS_CARD}.yaml"
 
 
 REFERENCE_GPU = "H200"  # the GPU the pages' card labels name: "78.43 GiB on an H200", "the whole H200"

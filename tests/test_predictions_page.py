@@ -23,7 +23,7 @@ def test_the_validation_table_shows_every_search_with_probes_and_its_verdict(all
     assert (table["verdict"].str.startswith("misses")).sum() == len(missed)
     assert (table["verdict"] == "within goal").sum() == sum(row["within_goal"] is True for row in probed)
     for row, (_, shown) in zip(probed, table.iterrows(), strict=True):
-        earlier = row["state"] == "earlier draw"  # found on probes of the data's earlier draw, run again: not judged
+        earlier = row["state"] == predictions.EARLIER_DRAW_STATE  # found on the data's earlier draw, run again: not judged
         assert shown["measured"].endswith(predictions.EARLIER_DRAW_MARK) == earlier
         if earlier:
             assert row["within_goal"] is None and shown["verdict"] == "not judged: its probes run again"

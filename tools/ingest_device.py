@@ -1,6 +1,6 @@
 """Bring what a device call packed (``$OUT/results.tar.gz`` of ``tools/device_queue.sh pack``) into this checkout.
 
-    python tools/ingest_device.py /work/.device/N/results.tar.gz [--root .] [--dry-run]
+    .venvs/pylate/bin/python tools/ingest_device.py /work/.device/N/results.tar.gz [--root .] [--dry-run]
 
 The archive holds ``device-results/`` (results, logs, progress records) and ``device-cells/`` (executed
 notebooks), seeded on the device from the committed results. Each file goes to ``results/`` or
@@ -30,6 +30,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.orchestrate.launcher import set_aside
+
 ROOT = Path(__file__).resolve().parent.parent
 TREES = {"device-results": Path("results"), "device-cells": Path("book/cells")}
 SET_ASIDE = re.compile(r"\.(?P<draw>[a-z]+)-draw$")  # harness.orchestrate.ceiling: '<name>.json.rows-draw'
@@ -40,15 +42,6 @@ def _steps_done(path: Path) -> int:
         return int(json.loads(path.read_text()).get("steps_done", 0))
     except (OSError, ValueError, AttributeError):
         return 0
-
-
-def _set_aside(path: Path, suffix: str) -> Path:
-    """Move ``path`` to ``<path><suffix>`` (``-N`` appended where that exists), as the search does."""
-    target, index = path.with_name(path.name + suffix), 1
-    while target.exists():
-        target, index = path.with_name(f"{path.name}{suffix}-{index}"), index + 1
-    path.rename(target)
-    return target
 
 
 def ingest(archive: Path, root: Path, dry_run: bool = False, say: Callable[[str], None] = print) -> dict[str, list[str]]:
@@ -90,7 +83,7 @@ def ingest(archive: Path, root: Path, dry_run: bool = False, say: Callable[[str]
                 draw = redrawn.get(result_twin)
                 if target.exists() and draw is not None:
                     if not dry_run:
-                        _set_aside(target, f".{draw}-draw")
+                        set_aside(target, f"{draw}-draw")  # as the search did on the device
                     done["redrawn"].append(name)
                 elif target.exists() and source.suffix == ".progress":
                     if _steps_done(source) <= _steps_done(target):

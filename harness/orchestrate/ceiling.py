@@ -14,13 +14,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from harness import gpu_gate
-from harness.grid import ROOT, GridCell
+from harness.grid import GridCell
 from harness.orchestrate.launcher import Gate, Layout, launch, set_aside, state
 from harness.orchestrate.pool import cell_environment, gpu_set, run_on_gpus
 from harness.results import load_result
-from harness.search import Ceiling, CeilingSearch, Probes, describe, device_mismatch, search_state, vouched_devices
-
-CROSS_CARD_GRID = ROOT / "grids" / "cross-card-check.yaml"
+from harness.search import (
+    CROSS_CARD_GRID,
+    Ceiling,
+    CeilingSearch,
+    Probes,
+    describe,
+    device_mismatch,
+    search_state,
+    vouched_devices,
+)
 
 
 def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gate | None,

@@ -129,9 +129,9 @@ def steps_words(runs: Sequence[LongRun]) -> str:
     steps: dict[str, set[int]] = {}
     for run in runs:
         steps.setdefault(run.cell.spec.stack, set()).add(run.cell.spec.steps)
-    said = [f"{'/'.join(str(count) for count in sorted(counts))} ({STACK_NAMES.get(stack, stack)})"
-            for stack, counts in sorted(steps.items())]  # fmt: skip
-    return " or ".join(said).replace(" (", " steps (", 1)
+    said = [f"{'/'.join(str(count) for count in sorted(counts))}{' steps' if index == 0 else ''} "
+            f"({STACK_NAMES.get(stack, stack)})" for index, (stack, counts) in enumerate(sorted(steps.items()))]  # fmt: skip
+    return " or ".join(said)
 
 
 def draw_words(runs: Sequence[LongRun], searches: Sequence[SearchRow]) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.memmodel import OTHER_CARDS, VALIDATION, MemoryModel, ModelError, fit
+from harness.memmodel import EARLIER_DRAW_STATE, OTHER_CARDS, VALIDATION, MemoryModel, ModelError, fit
 from harness.report import data, style
 from harness.report.text import (
     EARLIER_DRAW_MARK,
@@ -74,7 +74,7 @@ def searching_legend(document: dict[str, Any]) -> str:
 def _measured(row: dict[str, Any]) -> str:
     """A search's measured ceiling: the batch, '≥ 96' (at the search's limit), '84–99*' (still running) or '36°'
     (found on probes of the data's earlier draw, which run again)."""
-    if row["state"] == "earlier draw":
+    if row["state"] == EARLIER_DRAW_STATE:
         return (f"≥ {row['measured_fits']}" if row["measured_fails"] is None else str(row["measured_fits"])) + EARLIER_DRAW_MARK
     if row["measured_ceiling"] is not None:
         return str(row["measured_ceiling"])
@@ -94,7 +94,7 @@ def validation_tables(document: dict[str, Any], allocator: str = "default") -> d
             continue
         measured = _measured(row)
         predicted = "—" if row["predicted_ceiling"] is None else str(row["predicted_ceiling"])
-        if row["state"] == "earlier draw":  # its bounds are the earlier draw's: nothing to judge against yet
+        if row["state"] == EARLIER_DRAW_STATE:  # its bounds are the earlier draw's: nothing to judge against yet
             verdict = "not judged: its probes run again"
         elif row["within_goal"] is None:
             verdict = "" if row["predicted_ceiling"] is None else _inside(row)

@@ -70,7 +70,7 @@ from harness.report.text import (
     span,
 )
 from harness.results import CellResult, Skipped
-from harness.search import REFERENCE_GPU, load_searches
+from harness.search import CURRENT_DRAW, REFERENCE_GPU, load_searches
 from harness.spec import CARDS
 
 # ---- measured cells ------------------------------------------------------------------------------
@@ -1673,7 +1673,7 @@ def _rerun_on_current_draw(rows: Sequence[SearchRow], stack: str) -> list[Search
 
 def _kept_on_earlier_draw(rows: Sequence[SearchRow], stack: str) -> list[SearchRow]:
     """A stack's finished searches resting on a probe of the earlier draw (one whose shapes do not follow the data)."""
-    return [row for row in _decided(rows) if row.stack == stack and "rows" in row.deciding_draws]
+    return [row for row in _decided(rows) if row.stack == stack and row.deciding_draws - {CURRENT_DRAW}]
 
 
 def _draws(row: SearchRow) -> str:

@@ -309,9 +309,7 @@ def _answer(row: SearchRow) -> str:
         return f"stopped ({row.stopped})"
     if row.probes == 0:
         return "not run"
-    if row.ceiling.earlier_draw:  # (the mark follows: ceiling_text)
-        return f"< {row.fails}" if row.fits is None else f"{row.fits}" if row.fails is not None else f"≥ {row.fits}"
-    if not row.done:
+    if not row.done and not row.ceiling.earlier_draw:  # (a walk ended on the earlier draw reads as one that ended)
         if row.fits and row.fails:
             return f"{row.fits}–{row.fails - 1}"
         if row.fits or row.fails:
