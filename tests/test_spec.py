@@ -57,10 +57,10 @@ def test_the_committed_grids_are_the_report_s():
     ceilings = {search.search_id: search for search in load_searches(grid_names()["ceilings"])}
     again = load_searches(grid_names()["cross-card-check"])
     assert len(again) == 5 and {search.stack for search in again} == {"colpali", "pylate"}
-    # one of each stack, each kind of backend and each allocator
+    # one of each stack, each kind of backend and each allocator; each of ColQwen2's backends, and PyLate's with both
     assert {search.variant for search in again} == {"vanilla", "lik", "flash"}
-    assert {(search.stack, search.allocator) for search in again} == {(stack, allocator) for stack in ("colpali", "pylate")
-                                                                      for allocator in ("default", "expandable")}  # fmt: skip
+    assert {search.variant for search in again if search.stack == "colpali"} == {"vanilla", "lik"}
+    assert {search.allocator for search in again if search.stack == "pylate"} == {"default", "expandable"}
     assert all(search.model_dump(exclude={"grid"}) == ceilings[search.search_id].model_dump(exclude={"grid"}) for search in again)
 
 
