@@ -85,3 +85,14 @@ def test_an_earlier_run_set_aside_before_is_no_sign_of_a_re_run_now(tmp_path):
     assert done["kept"] == ["results/ceilings/colpali/plain/b36.json"] and not done["redrawn"]
     assert (folder / "b36.json").read_text() == '{"draw": "stream", "crashed": true}'
     assert sorted(path.name for path in folder.iterdir()) == ["b36.json", "b36.json.rows-draw"]
+
+
+def test_ingest_refuses_a_checkout_whose_notebooks_are_moved_aside(tmp_path, capsys):
+    """book/cells moved aside for a device call's size limit: a re-run probe's notebook would come in as new beside
+    no earlier run to set aside, so the tool stops with its reason and changes nothing."""
+    root = tmp_path / "repo"
+    (root / "results/ceilings").mkdir(parents=True)
+    archive = pack(tmp_path / "results.tar.gz", {"device-results/ceilings/b36.json": "{}"})
+    assert ingest_device.main([str(archive), "--root", str(root)]) == 2
+    assert capsys.readouterr().err.strip() == f"ingest_device: book/cells is missing under {root}: put it back first"
+    assert not (root / "results/ceilings/b36.json").exists()

@@ -116,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.archive.is_file():
         print(f"ingest_device: {args.archive} is not a file", file=sys.stderr)
         return 2
+    missing = [str(tree) for tree in TREES.values() if not (args.root / tree).is_dir()]
+    if missing:  # (moved aside for a device call's size limit?) a notebook re-run would be copied as new, not set aside
+        print(f"ingest_device: {', '.join(missing)} is missing under {args.root}: put it back first", file=sys.stderr)
+        return 2
     done = ingest(args.archive, args.root, args.dry_run)
     if any(done[kind] for kind in ("new", "redrawn", "progress")) and not args.dry_run:
         print("next: harness cellbook refresh; harness predict --validate; harness ceiling grids/ceilings.yaml --dry-run")
