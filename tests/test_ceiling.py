@@ -736,3 +736,39 @@ def test_a_colpali_ceiling_the_current_draw_moves_up_goes_on_from_its_re_run_pro
     assert (result.fits, result.fails, result.done, result.stopped) == (48, 52, True, None)
     assert calls[:2] == [(36, 42), (40, 42)] and calls[-1] == (48, 43)
     assert search_state(s, layout.results_dir) == (Ceiling(fits=48, fails=52), None)
+
+
+def test_a_failure_below_a_ceiling_in_a_grid_that_runs_its_probes_again_is_named_under_the_table(tmp_path, layout, monkeypatch):
+    """A ceiling says its batch trained every seed and the one above failed, not that every smaller batch trains:
+    a probe of the same search (same stack, backend, card, allocator and seeds) that ran out of memory below the
+    ceiling in another grid — here the cross-card check, on an H100 — is found and named with its seed, step and
+    the memory held unallocated; one above the ceiling, or of another search, is not."""
+    default, expandable = search(limit=2048), search(allocator="expandable", limit=2048)
+    monkeypatch.setattr(orchestrate, "launch", fake_probe(700))
+    run_search(default, layout)
+    grid = grid_file(tmp_path / "grid.yaml", default, expandable)
+    assert data.below_ceiling_failures(data.ceilings(layout.results_dir, grid), layout.results_dir) == []
+    assert prose.below_ceiling_reading([]).startswith("Below the ceilings: no probe of a finished search")
+
+    def failed_again(s: CeilingSearch, batch: int) -> CellResult:
+        fits = load_result(next(layout.results_dir.rglob(f"{default.probe(640, 42).cell_id}.json")))
+        spec = with_fields(fits.spec, batch_size=batch, allocator=s.allocator)
+        result = fits.model_copy(update={"grid": data.CROSS_CARD, "cell_id": spec.cell_id, "spec": spec, "outcome": "oom",
+                                         "step_peak_alloc_per_step_mib": fits.step_peak_alloc_per_step_mib[:2],
+                                         "step_peak_reserved_per_step_mib": fits.step_peak_reserved_per_step_mib[:2],
+                                         "pre_oom_alloc_mib": 60_000.0, "pre_oom_reserved_mib": 66_144.0})  # fmt: skip
+        write_result(on_gpu(result, "NVIDIA H100 80GB HBM3"), tmp_path / "results" / data.CROSS_CARD / f"{spec.cell_id}.json")
+        return result
+
+    below = failed_again(default, 608)
+    failed_again(default, 736)  # above the ceiling: what the search says already
+    failed_again(expandable, 608)  # another search's probe (its allocator), which has no ceiling yet
+    rows = data.ceilings(layout.results_dir, grid)
+    (failure,) = data.below_ceiling_failures(rows, layout.results_dir)
+    assert failure.result.cell_id == below.cell_id and failure.row.fits == 672
+    assert (failure.failed_step, failure.device, failure.held_unused_gib) == (3, "NVIDIA H100 80GB HBM3", 6.0)
+    assert prose.below_ceiling_reading([failure]) == (
+        "Below the ceilings: a ceiling is the largest batch that trained on every seed, with the batch above it failing; "
+        "a smaller batch can still fail. pylate · grad-checkpoint, vanilla on 80 GB (default allocator) trained 672 on "
+        "2 seeds, yet 608 ran out of memory on seed 42 at step 3 with 6.0 GiB reserved but not allocated (the "
+        "cross-card check's run of that probe, on an H100 80GB HBM3, same draw of the data).")

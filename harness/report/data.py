@@ -37,6 +37,7 @@ from harness.search import (
     CeilingSearch,
     Probes,
     cross_card_pairs,
+    earlier_draw,
     load_searches,
     reference_probes,
     same_bytes,
@@ -535,6 +536,42 @@ def _largest(frame: pd.DataFrame, column: str, scale: float = 1.0) -> float | No
     """The largest value of a column, scaled; None where the frame has no value there."""
     value = pd.to_numeric(frame[column], errors="coerce").max() if not frame.empty else None
     return None if value is None or pd.isna(value) else float(value) * scale
+
+
+@dataclasses.dataclass(frozen=True)
+class BelowCeiling:
+    """A probe of a finished search that ran out of memory at a batch below the search's ceiling: the search
+    itself never walked there (its ceiling trained every seed, the batch above it failed), but a grid that runs
+    its probes again (the cross-card or shared-GPU check) did. Only on the data draw the ceiling stands on."""
+
+    row: SearchRow
+    result: CellResult
+
+    @property
+    def device(self) -> str:
+        return self.result.env.device_name if self.result.env is not None and self.result.env.device_name else UNRECORDED
+
+    @property
+    def failed_step(self) -> int:
+        """The step (from 1) that ran out of memory: the one after the last whose peaks were recorded."""
+        return len(self.result.step_peak_alloc_per_step_mib) + 1
+
+    @property
+    def held_unused_gib(self) -> float | None:
+        """Reserved − allocated when it ran out (from its out-of-memory message's two numbers), GiB."""
+        alloc, reserved = self.result.pre_oom_alloc_mib, self.result.pre_oom_reserved_mib
+        return None if alloc is None or reserved is None else (reserved - alloc) * GIB_PER_MIB
+
+
+def below_ceiling_failures(rows: Sequence[SearchRow], source: Source = None) -> list[BelowCeiling]:
+    """Every probe, of any grid, that a finished search owns (same stack, recipe, backend, card, cap, allocator
+    and seed list) and that failed at a batch below its ceiling, on the draw of the data its ceiling stands on
+    (:func:`harness.search.earlier_draw`), in the searches' order, then by batch and seed."""
+    found = [result for _, result in results_of(source).found
+             if result.outcome == "oom" and isinstance(result.spec, TrainSpec) and not earlier_draw(result)]  # fmt: skip
+    return [BelowCeiling(row, result) for row in rows if row.done and row.fits is not None
+            for result in sorted(found, key=lambda r: (r.spec.batch_size, r.spec.seed))
+            if row.search.owns(result.spec) and result.spec.batch_size < row.fits]  # fmt: skip
 
 
 def find_search(rows: Sequence[SearchRow], stack: str, regime: str, backend: str, card: str,

@@ -9,11 +9,15 @@ import pandas as pd
 
 from harness.report import claims, style, timing
 from harness.report.data import (
+    CEILINGS,
+    CROSS_CARD,
     CROSS_CARD_GRID,
     GIB_PER_MIB,
     PUBLISHED_GRID,
+    SHARED_CHECK,
     TIMED_TWINS_NEEDED,
     UNRECORDED,
+    BelowCeiling,
     CardCheck,
     SearchRow,
     SeedEffect,
@@ -1701,6 +1705,31 @@ def draw_note(rows: Sequence[SearchRow]) -> str:
     if not said:
         return ""
     return f"Data draw: {'; '.join(said)}. The section on probes on another GPU names them."
+
+
+GRID_NAMES = {CROSS_CARD: "the cross-card check", SHARED_CHECK: "the shared-GPU check", CEILINGS: "the search"}
+
+
+def below_ceiling_reading(failures: Sequence[BelowCeiling]) -> str:
+    """Under the ceiling table: whether a batch below a finished search's ceiling ran out of memory in any grid
+    that runs the search's probes (:func:`harness.report.data.below_ceiling_failures`), each named with its seed,
+    step, the memory held unallocated when it failed, and where it ran. A ceiling says which batch trained every
+    seed and that the one above it failed; it does not say every smaller batch trains."""
+    if not failures:
+        return ("Below the ceilings: no probe of a finished search, in any grid that runs its probes, ran out of memory "
+                "at a batch smaller than its ceiling.")  # fmt: skip
+    said = []
+    for failure in failures:
+        row, result = failure.row, failure.result
+        held = failure.held_unused_gib
+        said.append(f"{regime_label(row.stack, row.regime)}, {row.backend} on {card_short(row.card)} "
+                    f"({allocator_words(row.allocator)}) trained {row.fits} on {counted(len(row.search.seeds), 'seed')}, "
+                    f"yet {result.spec.batch_size} ran out of memory on seed {result.spec.seed} at step "
+                    f"{failure.failed_step}" + (f" with {held:.1f} GiB reserved but not allocated" if held is not None else "")
+                    + f" ({GRID_NAMES.get(str(result.grid), str(result.grid))}'s run of that probe, on an "
+                    f"{gpu_words(failure.device)}, same draw of the data)")  # fmt: skip
+    return ("Below the ceilings: a ceiling is the largest batch that trained on every seed, with the batch above it "
+            f"failing; a smaller batch can still fail. {'; '.join(said)}.")
 
 
 def _decided(rows: Sequence[SearchRow]) -> list[SearchRow]:
