@@ -332,13 +332,20 @@ def test_the_colqwen2_page_s_fixed_words_on_the_runs_it_compares_hold(committed)
 
 
 def test_what_the_pages_call_an_h200_ran_on_one(committed):
-    """intro.md: "24–80 GB: an H200 capped to what PyTorch can use on such a card; 141 GB: the whole H200" (the
-    ceiling searches' probes the front page's tables read) and "On the whole 141 GB H200 (native card)";
-    colpali.md: "On the whole H200 … the uncapped 141 GB card". Every probe names an H200 (or no GPU: a
-    crashed kernel records none), and so does every grid cell on the native card."""
+    """intro.md: "24–80 GB: capped to what PyTorch can use on such a card, on an H200, or for N of the M probes on
+    an H100 80GB HBM3, which the cross-card check vouches for; 141 GB: the whole H200" (the ceiling searches' probes
+    the front page's tables read) and "On the whole 141 GB H200 (native card)"; colpali.md: "On the whole H200 …
+    the uncapped 141 GB card". Every probe names an H200 (or no GPU: a crashed kernel records none) or, under a cap,
+    a GPU the cross-card check vouches for; every probe and grid cell on the native card names an H200."""
     results, cells, _ = committed
-    assert "an H200 capped to what PyTorch can use on such a card; 141 GB: the whole H200" in page("intro")
-    assert set(data.probe_devices(results)) <= {"NVIDIA H200", data.UNRECORDED}
+    capped = data.capped_probe_gpus(results)
+    assert "capped to what PyTorch can use on such a card, {glue:md}`capped_gpus`; 141 GB: the whole H200" in page("intro")
+    assert 'glue("capped_gpus", Markdown(prose.capped_gpus_words(data.capped_probe_gpus(results))), ' in page("intro")
+    assert prose.capped_gpus_words(capped).startswith("on an H200")
+    assert set(data.probe_devices(results)) <= {"NVIDIA H200", data.UNRECORDED} | capped.vouched
+    whole = {result.env.device_name for _, result in results.of(data.CEILINGS)
+             if result.env and result.env.device_name and CARDS[result.spec.card].usable_gib is None}  # fmt: skip
+    assert whole == {"NVIDIA H200"}
     native = cells[cells["card"] == "native"]
     assert len(native) > 10 and set(native["device_name"].dropna()) == {"NVIDIA H200"}
     assert "On the whole 141 GB H200 (native card)" in page("intro") and "## On the whole H200" in page("colpali")

@@ -389,9 +389,9 @@ def test_the_allocator_reading_goes_by_stack_then_card_from_the_smallest_then_ba
     lines = prose.allocator_reading(both)
     assert [line.split(":")[0] for line in lines] == [
         "colpali · recipe (grad-checkpointed), vanilla on 141 GB (the whole H200)",
-        "pylate · plain, vanilla on 24 GB (RTX4090 profile, 22.96 GiB on an H200)",
-        "pylate · plain, vanilla on 80 GB (H100 profile, 78.43 GiB on an H200)",
-        "pylate · plain, lik on 80 GB (H100 profile, 78.43 GiB on an H200)"]  # fmt: skip
+        "pylate · plain, vanilla on 24 GB (RTX4090 profile, capped at 22.96 GiB)",
+        "pylate · plain, vanilla on 80 GB (H100 profile, capped at 78.43 GiB)",
+        "pylate · plain, lik on 80 GB (H100 profile, capped at 78.43 GiB)"]  # fmt: skip
 
 
 def probe_result(search: CeilingSearch, batch: int, seed: int, alloc: list[float], reserved: list[float]):

@@ -190,7 +190,7 @@ def test_ceiling_searches_are_read_from_their_probes_as_typed_rows(tmp_path):
     assert (lik.fits, lik.fails, lik.done, lik.ceiling.next_batch, lik.settled) == (16, None, False, 16, None)
     assert vanilla.peak_reserved_gib == pytest.approx(8.59375) and vanilla.usable_gib == 22.96
     assert vanilla.fragmentation_growth_mib == pytest.approx(400.0) and vanilla.fails_where == "maxsim"
-    card = "24 GB (RTX4090 profile, 22.96 GiB on an H200)"
+    card = "24 GB (RTX4090 profile, capped at 22.96 GiB)"
     assert tables.ceiling_grid(rows)[card].to_dict() == {("pylate", "grad-checkpoint", "lik"): "≥ 16*",
                                                         ("pylate", "grad-checkpoint", "vanilla"): "8"}  # fmt: skip
     details = tables.ceiling_details(rows).set_index("backend")
@@ -309,11 +309,13 @@ def test_the_cross_card_check_sets_each_probe_beside_its_h200_twin(tmp_path):
         "vanilla, the whole H200, default allocator) run again on an H100 80GB HBM3 under the same caps gave the same "
         "outcome and peaks for only 1 of them (at most 0 MiB allocated and 6 MiB reserved apart at a step): a probe's "
         "bytes depend on the GPU, so the ceiling searches take probes from an H200 only.")  # fmt: skip
-    assert prose.cross_card_reading([check for check in checks if check.identical], devices).endswith(
-        "gave the same outcome and the same peaks to the byte, step by step, as on the H200.")
+    identical = [check for check in checks if check.identical]
+    assert prose.cross_card_reading(identical, devices).endswith(
+        "gave the same outcome and the same peaks to the byte, step by step, as on the H200. Until the check has finished "
+        "each of its searches there, with such a twin for each, the capped searches take probes from an H200 only.")
+    assert prose.cross_card_reading(identical, devices, vouched=frozenset({"NVIDIA H100 80GB HBM3"})).endswith(
+        "as on the H200: the check vouches for the H100 80GB HBM3, so the capped searches take probes from it too.")
     assert prose.cross_card_reading([], devices).startswith("Of the 2 committed ceiling probes, 2 ran on an H200. No probe has")
-    cells, _ = data.load(tmp_path)  # the check's results are not cells of any stack page
-    assert cells.empty
     cells, _ = data.load(tmp_path)  # the check's results are not cells of any stack page
     assert cells.empty
 
@@ -483,7 +485,7 @@ def test_numbers_never_read_minus_zero_and_cards_are_named_as_measured():
     assert text.percent(-0.04) == "0%" and text.percent(2.34) == "+2.3%"
     assert text.signed(-0.001) == "0" and text.sig(41) == "41.0" and text.sig(0.5644) == "0.564"
     assert text.mib(7195.5) == "7196" and text.mib(1.2558) == "1.26"
-    assert text.card_label("h100-80gb") == "80 GB (H100 profile, 78.43 GiB on an H200)"
+    assert text.card_label("h100-80gb") == "80 GB (H100 profile, capped at 78.43 GiB)"
     assert text.card_label("native") == "141 GB (the whole H200)"
 
 
@@ -498,10 +500,23 @@ def test_card_labels_name_the_gpu_the_harness_admits_for_capped_probes(monkeypat
     monkeypatch.setattr(display, "REFERENCE_GPU", "H300")
     shown = [text.card_label("h100-80gb"), text.card_label("native"), text.card_label("native", lines=True),
              text.card_short("native"), display.card_heading("h100-80gb"), display.card_heading("native")]  # fmt: skip
-    assert shown[:4] == ["80 GB (H100 profile, 78.43 GiB on an H300)", "141 GB (the whole H300)", "141 GB\nthe whole\nH300",
+    assert shown[:4] == ["80 GB (H100 profile, capped at 78.43 GiB)", "141 GB (the whole H300)", "141 GB\nthe whole\nH300",
                          "141 GB (whole H300)"]  # fmt: skip
     assert shown[5] == "**141 GB card: the whole H300**, uncapped"
     assert "measured on an H300 whose allocator" in shown[4] and not any("H200" in label for label in shown)
+
+
+def test_a_capped_cards_heading_names_every_gpu_its_rows_ran_on():
+    """A capped card's label names no GPU (its probes may come from a GPU the cross-card check vouches for); its
+    heading over a table names the GPUs the table's rows ran on, the reference GPU first, and an H200 where they
+    name none."""
+    from harness.report.display import card_heading
+
+    assert "(H100 profile, capped at 78.43 GiB)" in text.card_label("h100-80gb") and "H200" not in text.card_label("h100-80gb")
+    both = card_heading("rtx4090-24gb", gpus=["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H200"])
+    assert both.startswith("**24 GB card (RTX4090 profile)** — measured on an H200 or an H100 80GB HBM3 whose allocator is "
+                           "capped at 22.96 GiB")  # fmt: skip
+    assert "measured on an H200 whose" in card_heading("rtx4090-24gb", gpus=[])
 
 
 def test_no_table_built_from_the_committed_results_shows_nan_none_or_minus_zero():
@@ -633,3 +648,23 @@ def test_show_shows_nothing_for_a_missing_figure_or_an_empty_table_and_no_page_d
     guarded = re.compile(r"^if (?:not )?(.*?)(?: is not None|\.empty):\n\s+(?:display\.)?show\(", re.M)
     for page in sorted((ROOT / "book").glob("*.md")):
         assert not guarded.findall(page.read_text()), f"{page.name}: show() decides what to show, not the page"
+
+
+def test_the_pages_say_which_gpus_the_capped_probes_ran_on(tmp_path):
+    """intro.md, ceilings.md and methodology.md: 'capped to what PyTorch can use on such a card, on an H200, or for
+    1 of the 3 probes on an H100 80GB HBM3, which the cross-card check has not vouched for' — counted from the
+    ceiling probes of capped cards (a whole-H200 probe and another grid's result are not), with the check's verdict."""
+    for batch, card, gpu in ((8, "h100-80gb", "NVIDIA H200"), (16, "h100-80gb", "NVIDIA H200"),
+                             (24, "rtx4090-24gb", "NVIDIA H100 80GB HBM3"), (32, "native", "NVIDIA H200")):  # fmt: skip
+        probe = on_gpu(make_result(grid="ceilings", batch_size=batch, card=card), gpu)
+        write_result(probe, tmp_path / "ceilings" / f"b{batch}.json")
+    write_result(on_gpu(make_result(grid="ours", batch_size=8, card="a100-40gb"), "NVIDIA A100"), tmp_path / "ours" / "b8.json")
+    gpus = data.capped_probe_gpus(tmp_path)
+    assert gpus.probes == {"NVIDIA H100 80GB HBM3": 1, "NVIDIA H200": 2} and gpus.vouched == frozenset()
+    assert prose.capped_gpus_words(gpus) == (
+        "on an H200, or for 1 of the 3 probes on an H100 80GB HBM3, which the cross-card check has not vouched for")
+    vouched = data.CappedGpus(gpus.probes, frozenset({"NVIDIA H100 80GB HBM3"}))
+    assert prose.capped_gpus_words(vouched).endswith("which the cross-card check vouches for")
+    assert prose.capped_gpus_words(data.CappedGpus({"NVIDIA H200": 2}, frozenset())) == "on an H200"
+    assert prose.cross_card_intro(vouched).startswith(
+        "The capped cards' probes on this page ran on an H200, or for 1 of the 3 probes on an H100")

@@ -42,6 +42,7 @@ from harness.search import (
     reference_probes,
     same_bytes,
     search_state,
+    vouched_devices,
 )
 from harness.search import CROSS_CARD_GRID as CROSS_CARD_GRID  # (the pages read it here)
 from harness.spec import CARDS, TrainSpec, differences
@@ -721,6 +722,24 @@ def probe_devices(source: Source = None) -> dict[str, int]:
     names = [result.env.device_name if result.env and result.env.device_name else UNRECORDED
              for _, result in results_of(source).of(CEILINGS)]  # fmt: skip
     return {name: names.count(name) for name in sorted(set(names))}
+
+
+@dataclasses.dataclass(frozen=True)
+class CappedGpus:
+    """The GPUs the committed ceiling probes of capped cards ran on (name → probes; a crashed probe that
+    recorded none is left out) and those of them the cross-card check vouches for
+    (:func:`harness.search.vouched_devices`)."""
+
+    probes: dict[str, int]
+    vouched: frozenset[str]
+
+
+def capped_probe_gpus(source: Source = None) -> CappedGpus:
+    """Which GPUs the capped cards' ceiling probes ran on: an H200 unless the cross-card check vouched for another."""
+    results = results_of(source)
+    names = [result.env.device_name for _, result in results.of(CEILINGS)
+             if result.env and result.env.device_name and CARDS[result.spec.card].usable_gib is not None]  # fmt: skip
+    return CappedGpus({name: names.count(name) for name in sorted(set(names))}, vouched_devices(results.root, CROSS_CARD_GRID))
 
 
 def query_lengths(source: Source = None, stack: str = "colpali") -> pd.DataFrame:

@@ -9,6 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from pandas.io.formats.style_render import CSSDict
 
+from harness.report.text import gpu_words
 from harness.search import REFERENCE_GPU
 from harness.spec import CARDS
 
@@ -54,17 +55,20 @@ def bullets(lines: list[str]) -> None:
     markdown("\n".join(f"- {line}" for line in lines))
 
 
-def card_heading(card: str, allocator: str = "default") -> str:
+def card_heading(card: str, allocator: str = "default", gpus: Sequence[str] = ()) -> str:
     """The heading of one card's tables, saying where the numbers were measured (an emulated card is a capped
-    H200): '**80 GB card (H100 profile)** — measured on an H200 whose allocator is capped at 78.43 GiB, …'."""
+    GPU: ``gpus``, the GPUs its rows name, an H200 where they name none): '**80 GB card (H100 profile)** —
+    measured on an H200 whose allocator is capped at 78.43 GiB, …'."""
     profile = CARDS.get(card)
+    named = [gpu_words(gpu) for gpu in sorted(set(gpus), key=lambda gpu: (REFERENCE_GPU not in gpu, gpu))]
+    on = " or ".join(f"an {gpu}" for gpu in named) if named else f"an {REFERENCE_GPU}"
     allocated = "" if allocator == "default" else f" · allocator: {allocator}"
     if profile is None or profile.nominal_gb is None:
         return f"**Card: {card}**{allocated}"
     if profile.usable_gib is None:
         return f"**{profile.nominal_gb} GB card: the whole {REFERENCE_GPU}**, uncapped{allocated}"
     model = card.split("-")[0].upper()
-    return (f"**{profile.nominal_gb} GB card ({model} profile)** — measured on an {REFERENCE_GPU} whose allocator is capped at "
+    return (f"**{profile.nominal_gb} GB card ({model} profile)** — measured on {on} whose allocator is capped at "
             f"{profile.usable_gib:.2f} GiB, what PyTorch can use on such a card (see the methodology){allocated}")  # fmt: skip
 
 
@@ -73,6 +77,7 @@ def per_card(frame: pd.DataFrame, *renderers: Callable[[pd.DataFrame], pd.DataFr
     keys = ["card", "allocator"] if "allocator" in frame.columns else ["card"]
     for key, group in frame.groupby(keys):
         values = key if isinstance(key, tuple) else (key,)
-        markdown(card_heading(str(values[0]), str(values[1]) if len(values) > 1 else "default"))
+        gpus = [str(gpu) for gpu in group["device_name"].dropna().unique()] if "device_name" in group.columns else []
+        markdown(card_heading(str(values[0]), str(values[1]) if len(values) > 1 else "default", gpus))
         for render in renderers:
             show(render(group))

@@ -18,6 +18,7 @@ from harness.report.data import (
     TIMED_TWINS_NEEDED,
     UNRECORDED,
     BelowCeiling,
+    CappedGpus,
     CardCheck,
     SearchRow,
     SeedEffect,
@@ -285,20 +286,34 @@ def sharing_reading(checks: Sequence[SharedCheck]) -> str:
 
 
 def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, int],
-                       other_draws: Sequence[CardCheck] = ()) -> str:  # fmt: skip
+                       other_draws: Sequence[CardCheck] = (), vouched: frozenset[str] = frozenset()) -> str:  # fmt: skip
     """The cross-card check (:func:`harness.report.data.cross_card_checks`) in words, with what GPUs the
-    ceiling probes ran on (``probe_devices``: GPU name → committed probes), then the check's probes whose
+    ceiling probes ran on (``probe_devices``: GPU name → committed probes) and whether the check vouches for
+    the GPU it ran on (``vouched``: :func:`harness.search.vouched_devices`), then the check's probes whose
     H200 twin trained on the other draw of the data (``other_draws``:
     :func:`harness.report.data.cross_card_other_draws`), left out of the verdict."""
-    return " ".join(part for part in (_same_draw_reading(checks, probe_devices), _other_draw_reading(other_draws)) if part)
+    return " ".join(part for part in (_same_draw_reading(checks, probe_devices, vouched), _other_draw_reading(other_draws))
+                    if part)  # fmt: skip
 
 
-def cross_card_intro(grid_file: Path | None = None) -> str:
+def capped_gpus_words(gpus: CappedGpus) -> str:
+    """Where the capped cards' ceiling probes ran (:func:`harness.report.data.capped_probe_gpus`): 'on an H200', or
+    'on an H200, or for 12 of the 480 probes on an H100 80GB HBM3, which the cross-card check vouches for'."""
+    others = {name: count for name, count in gpus.probes.items() if REFERENCE_GPU not in name}
+    if not others:
+        return f"on an {REFERENCE_GPU}"
+    total = sum(gpus.probes.values())
+    said = [f"for {count} of the {total} probes on an {gpu_words(name)}, which the cross-card check "
+            + ("vouches for" if name in gpus.vouched else "has not vouched for") for name, count in others.items()]  # fmt: skip
+    return f"on an {REFERENCE_GPU}, or {joined(said)}"
+
+
+def cross_card_intro(gpus: CappedGpus, grid_file: Path | None = None) -> str:
     """What the cross-card check is and when it lets another GPU into the capped searches
-    (:func:`harness.search.vouched_devices`), its searches counted from ``grid_file``."""
+    (:func:`harness.search.vouched_devices`), its searches counted from ``grid_file``; where the capped probes ran."""
     grid_file = grid_file or CROSS_CARD_GRID
     searches = load_searches(grid_file)
-    return (f"Every capped card on this page is a cap on an {REFERENCE_GPU}. Whether a probe's bytes under a cap depend "
+    return (f"The capped cards' probes on this page ran {capped_gpus_words(gpus)}. Whether a probe's bytes under a cap depend "
             f"on the GPU below it is checked by running {counted(len(searches), 'of the searches', 'of the searches')} "
             f"again, with the same caps, on another GPU (`grids/{grid_file.name}`), compared probe by probe with the "
             f"{REFERENCE_GPU}'s that trained on the same draw of the data. A capped search takes probes from another GPU "
@@ -326,7 +341,7 @@ def _other_draw_reading(other_draws: Sequence[CardCheck]) -> str:
             f"{'is' if one else 'are'} left out of the verdict ({'; '.join(parts)}).")  # fmt: skip
 
 
-def _same_draw_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, int]) -> str:
+def _same_draw_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, int], vouched: frozenset[str]) -> str:
     known = {name: count for name, count in probe_devices.items() if name != UNRECORDED}
     ran = [f"{count} ran on an {gpu_words(name)}" for name, count in sorted(known.items())]
     ran_on = joined(ran) if ran else ""
@@ -345,7 +360,11 @@ def _same_draw_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, 
     text = (f"{where} {counted(len(checks), 'probe')} of {counted(len(keys), 'search', 'searches')} ({settings}) run again on an "
             f"{devices} under the same caps")  # fmt: skip
     if same == len(checks):
-        return (f"{text} gave the same outcome and the same peaks to the byte, step by step, as on the H200.").strip()
+        checked = {check.device for check in checks}
+        admitted = (f": the check vouches for the {devices}, so the capped searches take probes from it too" if checked <= vouched
+                    else ". Until the check has finished each of its searches there, with such a twin for each, the capped "
+                    f"searches take probes from an {REFERENCE_GPU} only")  # fmt: skip
+        return (f"{text} gave the same outcome and the same peaks to the byte, step by step, as on the H200{admitted}.").strip()
     gaps = [gap for gap in (check.largest_gap_mib() for check in checks if not check.identical) if gap is not None]
     widest = (f" (at most {max(gap[0] for gap in gaps):.0f} MiB allocated and {max(gap[1] for gap in gaps):.0f} MiB "
               "reserved apart at a step)" if gaps else "")  # fmt: skip

@@ -137,8 +137,10 @@ def as_published(value_mib: object) -> str:
 
 
 def card_label(name: str, lines: bool = False) -> str:
-    """A card as measured: '80 GB (H100 profile, 78.43 GiB on an H200)', '141 GB (the whole H200)';
-    with ``lines``, the same over three lines for a tick label ('80 GB', 'H100 profile', '78.43 GiB')."""
+    """A card as measured: '80 GB (H100 profile, capped at 78.43 GiB)', '141 GB (the whole H200)'; with ``lines``,
+    the same over three lines for a tick label ('80 GB', 'H100 profile', '78.43 GiB'). A capped card names no GPU:
+    its probes ran on an H200 or on a GPU the cross-card check vouches for, which the pages say in words
+    (:func:`harness.report.prose.capped_gpus_words`)."""
     profile = CARDS.get(name)
     if profile is None or profile.nominal_gb is None:
         return name
@@ -149,7 +151,7 @@ def card_label(name: str, lines: bool = False) -> str:
     model = card_gpu(name)
     if lines:
         return f"{profile.nominal_gb} GB\n{model} profile\n{profile.usable_gib:.2f} GiB"
-    return f"{profile.nominal_gb} GB ({model} profile, {profile.usable_gib:.2f} GiB on an {REFERENCE_GPU})"
+    return f"{profile.nominal_gb} GB ({model} profile, capped at {profile.usable_gib:.2f} GiB)"
 
 
 def card_gpu(name: str) -> str | None:
