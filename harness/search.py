@@ -271,7 +271,7 @@ CROSS_CARD = "cross-card-check"  # grids/cross-card-check.yaml: capped searches 
 CROSS_CARD_GRID = GRIDS_DIR / f"{CROSS_CARD}.yaml"
 
 
-REFERENCE_GPU = "H200"  # the GPU the pages' card labels name: "78.43 GiB on an H200", "the whole H200"
+REFERENCE_GPU = "H200"  # the GPU every card is measured on ("the whole H200"), unless the cross-card check vouches for another
 
 
 def device_mismatch(probes: Probes, here: str | None, vouched: frozenset[str] = frozenset()) -> str | None:
@@ -294,7 +294,7 @@ def device_mismatch(probes: Probes, here: str | None, vouched: frozenset[str] = 
     if REFERENCE_GPU in here or here in vouched:
         return None
     return (f"this GPU is {here}, which the cross-card check (grids/{CROSS_CARD}.yaml) has not shown to measure "
-            f"the same bytes under a cap as the {REFERENCE_GPU} the card labels name")  # fmt: skip
+            f"the same bytes under a cap as the {REFERENCE_GPU}")  # fmt: skip
 
 
 def same_bytes(one: CellResult, other: CellResult) -> bool:

@@ -225,10 +225,10 @@ def test_a_search_runs_its_probes_lazily_and_resumes_from_its_results(tmp_path, 
         "trains all 8 steps for each of the 2 seeds run (peak 65.62 GiB allocated, 72.19 GiB reserved)")
     assert prose.probe_headline(probes, "pylate", "plain", 672, "vanilla", "h100-80gb") == "not probed yet"
     assert prose.binding_reading(data.ceilings(layout.results_dir, grid)) == [
-        "pylate · grad-checkpoint on 80 GB (H100 profile, 78.43 GiB on an H200): "
+        "pylate · grad-checkpoint on 80 GB (H100 profile, capped at 78.43 GiB): "
         "vanilla 672 (the next batch fails in the MaxSim op)."]
     table = tables.ceiling_grid(data.ceilings(layout.results_dir, grid))
-    assert table.loc[("pylate", "grad-checkpoint", "vanilla"), "80 GB (H100 profile, 78.43 GiB on an H200)"] == "672"
+    assert table.loc[("pylate", "grad-checkpoint", "vanilla"), "80 GB (H100 profile, capped at 78.43 GiB)"] == "672"
 
 
 def test_probes_are_found_by_the_spec_their_results_embed_not_by_file_name(layout, monkeypatch):
@@ -346,7 +346,7 @@ def test_a_capped_search_takes_another_gpu_only_where_the_cross_card_check_vouch
     monkeypatch.setattr(orchestrate, "launch", lambda *a, **k: pytest.fail("a probe ran on an unvouched GPU"))
     stopped = run_search(more, layout)
     assert stopped.stopped == (f"this GPU is {h100}, which the cross-card check (grids/{CROSS_CARD}.yaml) has not "
-                               "shown to measure the same bytes under a cap as the H200 the card labels name")  # fmt: skip
+                               "shown to measure the same bytes under a cap as the H200")  # fmt: skip
     assert run_search(search(card="rtx4090-24gb"), layout).stopped == stopped.stopped  # a search with no probe yet alike
     # the check runs there, and its probes match their twins to the byte: the H100 is vouched for
     monkeypatch.setattr(orchestrate, "launch", on(h100, fake_probe(700)))
@@ -491,7 +491,7 @@ def test_the_reading_compares_the_fused_ceiling_with_vanillas(tmp_path, layout, 
     run_search(fused, layout)
     (line,) = prose.binding_reading(data.ceilings(layout.results_dir, grid_file(tmp_path / "grid.yaml", vanilla, fused)))
     assert line.startswith(
-        "pylate · grad-checkpoint on 80 GB (H100 profile, 78.43 GiB on an H200): "
+        "pylate · grad-checkpoint on 80 GB (H100 profile, capped at 78.43 GiB): "
         "vanilla 672 (the next batch fails in the MaxSim op); lik 1376")
     assert line.endswith("the fused kernels train 2.05× vanilla's batch.")
 
@@ -505,7 +505,7 @@ def test_the_allocator_reading_sets_each_ceiling_beside_its_fragmentation(tmp_pa
     searches = data.ceilings(layout.results_dir, grid_file(tmp_path / "grid.yaml", default, expandable, alone))
     (line,) = prose.allocator_reading(searches)  # lik ran under one allocator only: no line
     assert line == (
-        "pylate · grad-checkpoint, vanilla on 80 GB (H100 profile, 78.43 GiB on an H200): "
+        "pylate · grad-checkpoint, vanilla on 80 GB (H100 profile, capped at 78.43 GiB): "
         "672 with the default allocator, 736 with expandable "
         f"segments (reserved − allocated at the ceiling: {672 * 10 / 1024:.2f} → {736 * 1 / 1024:.2f} GiB).")
     assert prose.ceiling_of(searches, "pylate", "grad-checkpoint", "vanilla", "h100-80gb", "expandable") == "736"
@@ -739,36 +739,56 @@ def test_a_colpali_ceiling_the_current_draw_moves_up_goes_on_from_its_re_run_pro
 
 
 def test_a_failure_below_a_ceiling_in_a_grid_that_runs_its_probes_again_is_named_under_the_table(tmp_path, layout, monkeypatch):
-    """A ceiling says its batch trained every seed and the one above failed, not that every smaller batch trains:
-    a probe of the same search (same stack, backend, card, allocator and seeds) that ran out of memory below the
-    ceiling in another grid — here the cross-card check, on an H100 — is found and named with its seed, step and
-    the memory held unallocated; one above the ceiling, or of another search, is not."""
+    """A ceiling says its batch trained every seed and the one above failed, not that every smaller batch trains,
+    nor that the same probe trains again: a probe of the same search (same stack, backend, card, allocator and
+    seeds) that ran out of memory at or below the ceiling in a grid that runs the search's probes again — here the
+    cross-card check, on an H100 — is found and named with its seed, step and what its message says was reserved
+    but unallocated. One above the ceiling, of another search, of a grid that runs no search's probes, of an
+    unfinished search or of another data draw is not."""
     default, expandable = search(limit=2048), search(allocator="expandable", limit=2048)
     monkeypatch.setattr(orchestrate, "launch", fake_probe(700))
     run_search(default, layout)
     grid = grid_file(tmp_path / "grid.yaml", default, expandable)
     assert data.below_ceiling_failures(data.ceilings(layout.results_dir, grid), layout.results_dir) == []
     assert prose.below_ceiling_reading([]).startswith("Below the ceilings: no probe of a finished search")
+    def drawn(result: CellResult, draw: str) -> CellResult:
+        env = on_gpu(result, "NVIDIA H200").env
+        return result.model_copy(update={"env": env.model_copy(update={"data_source": f"synthetic:x:seed=42:{draw}"})})
 
-    def failed_again(s: CeilingSearch, batch: int) -> CellResult:
-        fits = load_result(next(layout.results_dir.rglob(f"{default.probe(640, 42).cell_id}.json")))
+    for path in layout.results_dir.rglob("*.json"):  # the search's probes trained on the stream draw, on an H200
+        write_result(drawn(load_result(path), "stream=1"), path)
+    fits = load_result(next(layout.results_dir.rglob(f"{default.probe(640, 42).cell_id}.json")))
+    message = ("CUDA out of memory. Tried to allocate 574.00 MiB. GPU 0 has a total capacity of 79.19 GiB of which "
+               "1.00 GiB is free. Of the allocated memory 58.59 GiB is allocated by PyTorch, and 6.22 GiB is reserved by "
+               "PyTorch but unallocated.")  # fmt: skip
+
+    def failed_again(s: CeilingSearch, batch: int, grid: str = data.CROSS_CARD, steps: int = 2, draw: str | None = None):
         spec = with_fields(fits.spec, batch_size=batch, allocator=s.allocator)
-        result = fits.model_copy(update={"grid": data.CROSS_CARD, "cell_id": spec.cell_id, "spec": spec, "outcome": "oom",
-                                         "step_peak_alloc_per_step_mib": fits.step_peak_alloc_per_step_mib[:2],
-                                         "step_peak_reserved_per_step_mib": fits.step_peak_reserved_per_step_mib[:2],
-                                         "pre_oom_alloc_mib": 60_000.0, "pre_oom_reserved_mib": 66_144.0})  # fmt: skip
-        write_result(on_gpu(result, "NVIDIA H100 80GB HBM3"), tmp_path / "results" / data.CROSS_CARD / f"{spec.cell_id}.json")
+        result = fits if draw is None else drawn(fits, draw)
+        result = result.model_copy(update={"grid": grid, "cell_id": spec.cell_id, "spec": spec, "outcome": "oom",
+                                         "step_peak_alloc_per_step_mib": fits.step_peak_alloc_per_step_mib[:steps],
+                                         "step_peak_reserved_per_step_mib": fits.step_peak_reserved_per_step_mib[:steps],
+                                         "oom_message": message})  # fmt: skip
+        write_result(on_gpu(result, "NVIDIA H100 80GB HBM3"), tmp_path / "results" / grid / f"{spec.cell_id}.json")
         return result
 
     below = failed_again(default, 608)
+    at = failed_again(default, 672, steps=0)  # the ceiling itself, run again: it failed in its first step
     failed_again(default, 736)  # above the ceiling: what the search says already
     failed_again(expandable, 608)  # another search's probe (its allocator), which has no ceiling yet
+    failed_again(default, 576, grid="ours")  # a grid cell of the same spec: no search's probe run again
+    failed_again(default, 544, draw="rows=4")  # trained on another draw of the data than the ceiling's probes
     rows = data.ceilings(layout.results_dir, grid)
-    (failure,) = data.below_ceiling_failures(rows, layout.results_dir)
-    assert failure.result.cell_id == below.cell_id and failure.row.fits == 672
-    assert (failure.failed_step, failure.device, failure.held_unused_gib) == (3, "NVIDIA H100 80GB HBM3", 6.0)
-    assert prose.below_ceiling_reading([failure]) == (
-        "Below the ceilings: a ceiling is the largest batch that trained on every seed, with the batch above it failing; "
-        "a smaller batch can still fail. pylate · grad-checkpoint, vanilla on 80 GB (default allocator) trained 672 on "
-        "2 seeds, yet 608 ran out of memory on seed 42 at step 3 with 6.0 GiB reserved but not allocated (the "
-        "cross-card check's run of that probe, on an H100 80GB HBM3, same draw of the data).")
+    assert fits.data_draw == "stream" and next(row for row in rows if row.search == default).deciding_draws == {"stream"}
+    first, second = data.below_ceiling_failures(rows, layout.results_dir)
+    assert (first.result.cell_id, second.result.cell_id, first.row.fits) == (below.cell_id, at.cell_id, 672)
+    assert (first.failed_step, second.failed_step, first.device) == (3, 1, "NVIDIA H100 80GB HBM3")
+    assert prose.below_ceiling_reading([first, second]) == (
+        "Below the ceilings: a ceiling is the largest batch that trained on every seed of its search, with the batch "
+        "above it failing; a smaller batch can still fail, and so can a probe run again. pylate · grad-checkpoint, "
+        "vanilla on 80 GB (default allocator) trained 672 on 2 seeds, yet 608 ran out of memory on seed 42 at step 3 "
+        "with 6.22 GiB reserved but unallocated (the cross-card check's run of that probe, on an H100 80GB HBM3, on the "
+        "draw of the data the ceiling stands on); pylate · grad-checkpoint, vanilla on 80 GB (default allocator) trained "
+        "672 on 2 seeds, yet 672 ran out of memory on seed 42 before it finished its first step with 6.22 GiB reserved "
+        "but unallocated (the cross-card check's run of that probe, on an H100 80GB HBM3, on the draw of the data the "
+        "ceiling stands on).")  # fmt: skip

@@ -312,7 +312,7 @@ def test_the_cross_card_check_sets_each_probe_beside_its_h200_twin(tmp_path):
     identical = [check for check in checks if check.identical]
     assert prose.cross_card_reading(identical, devices).endswith(
         "gave the same outcome and the same peaks to the byte, step by step, as on the H200. Until the check has finished "
-        "each of its searches there, with such a twin for each, the capped searches take probes from an H200 only.")
+        "each of its searches on the H100 80GB HBM3, with such a twin for each, the capped searches take no probe from it.")
     assert prose.cross_card_reading(identical, devices, vouched=frozenset({"NVIDIA H100 80GB HBM3"})).endswith(
         "as on the H200: the check vouches for the H100 80GB HBM3, so the capped searches take probes from it too.")
     assert prose.cross_card_reading([], devices).startswith("Of the 2 committed ceiling probes, 2 ran on an H200. No probe has")
@@ -666,5 +666,43 @@ def test_the_pages_say_which_gpus_the_capped_probes_ran_on(tmp_path):
     vouched = data.CappedGpus(gpus.probes, frozenset({"NVIDIA H100 80GB HBM3"}))
     assert prose.capped_gpus_words(vouched).endswith("which the cross-card check vouches for")
     assert prose.capped_gpus_words(data.CappedGpus({"NVIDIA H200": 2}, frozenset())) == "on an H200"
+    two = data.CappedGpus({"NVIDIA A100-SXM4-80GB": 3, "NVIDIA H100 80GB HBM3": 1, "NVIDIA H200": 2}, vouched.vouched)
+    assert prose.capped_gpus_words(two) == (
+        "on an H200, or for 3 of the 6 probes on an A100-SXM4-80GB, which the cross-card check has not vouched for; "
+        "or for 1 of the 6 probes on an H100 80GB HBM3, which the cross-card check vouches for")
+    assert prose.capped_gpus_words(data.CappedGpus({"NVIDIA GeForce RTX 4090": 2}, frozenset())) == (
+        "on a GeForce RTX 4090 (2 of the 2 probes), which the cross-card check has not vouched for")
     assert prose.cross_card_intro(vouched).startswith(
-        "The capped cards' probes on this page ran on an H200, or for 1 of the 3 probes on an H100")
+        "The capped ceiling searches' probes ran on an H200, or for 1 of the 3 probes on an H100")
+
+
+def test_the_check_says_which_settings_it_compared_and_which_probes_did_not_repeat_on_one_gpu(tmp_path, monkeypatch):
+    """ceilings.md: 'The check compared ColQwen2 under expandable segments. Of the 2 capped probes the searches took
+    from an H100 80GB HBM3, 1 is of a setting it did not compare: ColQwen2 under the default allocator.' and a probe
+    the check and the search both ran on that GPU, on one draw, that ended at another step in each is named."""
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    steps = dict(step_peak_alloc_per_step_mib=[90.0, 100.0], step_peak_reserved_per_step_mib=[120.0, 130.0])
+
+    def probe(grid: str, batch: int, allocator: str, gpu: str, **fields):
+        result = on_gpu(make_result(grid=grid, batch_size=batch, card="rtx4090-24gb", allocator=allocator, **fields), gpu)
+        write_result(result, tmp_path / grid / f"{result.cell_id}-{gpu[-4:]}.json")
+
+    probe("ceilings", 8, "expandable", h200, **steps)
+    probe("cross-card-check", 8, "expandable", h100, **steps)  # the check's pair: equal to the byte
+    probe("ceilings", 16, "expandable", h100, **steps)  # taken from the H100, a setting the check compared
+    probe("ceilings", 40, "default", h100, outcome="oom", step_peak_alloc_per_step_mib=[90.0, 100.0, 110.0],
+          step_peak_reserved_per_step_mib=[120.0, 130.0, 140.0])  # fmt: skip
+    probe("cross-card-check", 40, "default", h100, outcome="oom", **steps)  # the same probe on the same GPU, a step sooner
+    monkeypatch.setattr(data, "vouched_devices", lambda *_: frozenset({h100}))
+    scope, reruns = data.vouch_scope(tmp_path), data.same_gpu_reruns(tmp_path)
+    assert scope.compared == {("colpali", "expandable")}
+    assert scope.admitted == {(h100, "colpali", "default"): 1, (h100, "colpali", "expandable"): 1}
+    assert [(rerun.first.spec.batch_size, rerun.identical) for rerun in reruns] == [(40, False)]
+    assert prose.vouch_scope_reading(scope, reruns) == (
+        "The check compared ColQwen2 under expandable segments. Of the 2 capped probes the searches took from an H100 "
+        "80GB HBM3, 1 is of a setting it did not compare: ColQwen2 under the default allocator. 1 probe ran twice on the "
+        "same GPU and the same draw of the data (the check's run and the search's): ColQwen2 vanilla on 24 GB (default "
+        "allocator) at B=40, seed 42, on an H100 80GB HBM3, ran out of memory at step 3 in the check's run and ran out "
+        "of memory at step 4 in the search's: the same GPU did not repeat it to the byte.")  # fmt: skip
+    monkeypatch.setattr(data, "vouched_devices", lambda *_: frozenset())
+    assert prose.vouch_scope_reading(data.vouch_scope(tmp_path), reruns) == ""

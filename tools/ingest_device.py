@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     missing = [str(tree) for tree in TREES.values() if not (args.root / tree).is_dir()]
     if missing:  # (moved aside for a device call's size limit?) a notebook re-run would be copied as new, not set aside
-        print(f"ingest_device: {', '.join(missing)} is missing under {args.root}: put it back first", file=sys.stderr)
+        verb, them = ("is", "it") if len(missing) == 1 else ("are", "them")
+        print(f"ingest_device: {' and '.join(missing)} {verb} missing under {args.root}: put {them} back first", file=sys.stderr)
         return 2
     done = ingest(args.archive, args.root, args.dry_run)
     if any(done[kind] for kind in ("new", "redrawn", "progress")) and not args.dry_run:

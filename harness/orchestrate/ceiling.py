@@ -35,7 +35,7 @@ def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gat
     """Run the probes a search still needs, one at a time, and return where it ends."""
     rerun = set()  # crashed probes run again once each, not again and again
     redrawn = set()  # probes of an earlier draw of the data run again, once each
-    # the GPU the card labels name: uncapped, the device is the card (one kind per search); capped, another
+    # the GPU the pages name: uncapped, the device is the card (one kind per search); capped, another
     # GPU only where the cross-card check has shown it measures an H200's bytes under a cap
     here = gpu_gate.device_name(cell_environment(gpu, os.environ)["CUDA_VISIBLE_DEVICES"])
     probes = Probes.read(search, layout.results_dir)

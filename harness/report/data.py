@@ -541,9 +541,10 @@ def _largest(frame: pd.DataFrame, column: str, scale: float = 1.0) -> float | No
 
 @dataclasses.dataclass(frozen=True)
 class BelowCeiling:
-    """A probe of a finished search that ran out of memory at a batch below the search's ceiling: the search
-    itself never walked there (its ceiling trained every seed, the batch above it failed), but a grid that runs
-    its probes again (the cross-card or shared-GPU check) did. Only on the data draw the ceiling stands on."""
+    """A probe of a finished search that ran out of memory at a batch no larger than the search's ceiling: the
+    search's own walk never failed there (its ceiling trained every seed, the batch above it failed), but a grid
+    that runs its probes again (the cross-card or shared-GPU check) did. Only on a data draw the ceiling's deciding
+    probes trained on."""
 
     row: SearchRow
     result: CellResult
@@ -554,25 +555,24 @@ class BelowCeiling:
 
     @property
     def failed_step(self) -> int:
-        """The step (from 1) that ran out of memory: the one after the last whose peaks were recorded."""
+        """The step (from 1) that ran out of memory: the one after the last whose peaks were recorded (1 where
+        none were: it failed before finishing its first step)."""
         return len(self.result.step_peak_alloc_per_step_mib) + 1
 
-    @property
-    def held_unused_gib(self) -> float | None:
-        """Reserved − allocated when it ran out (from its out-of-memory message's two numbers), GiB."""
-        alloc, reserved = self.result.pre_oom_alloc_mib, self.result.pre_oom_reserved_mib
-        return None if alloc is None or reserved is None else (reserved - alloc) * GIB_PER_MIB
+
+RERUN_GRIDS = (CEILINGS, CROSS_CARD, SHARED_CHECK)  # the grids whose probes are a ceiling search's probes, run again
 
 
 def below_ceiling_failures(rows: Sequence[SearchRow], source: Source = None) -> list[BelowCeiling]:
-    """Every probe, of any grid, that a finished search owns (same stack, recipe, backend, card, cap, allocator
-    and seed list) and that failed at a batch below its ceiling, on the draw of the data its ceiling stands on
-    (:func:`harness.search.earlier_draw`), in the searches' order, then by batch and seed."""
-    found = [result for _, result in results_of(source).found
-             if result.outcome == "oom" and isinstance(result.spec, TrainSpec) and not earlier_draw(result)]  # fmt: skip
-    return [BelowCeiling(row, result) for row in rows if row.done and row.fits is not None
-            for result in sorted(found, key=lambda r: (r.spec.batch_size, r.spec.seed))
-            if row.search.owns(result.spec) and result.spec.batch_size < row.fits]  # fmt: skip
+    """Every probe of the grids that run a search's probes (:data:`RERUN_GRIDS`) that a finished search owns (same
+    stack, recipe, backend, card, cap, allocator and seed list) and that failed at its ceiling or below it, on a
+    draw of the data its deciding probes trained on, in the searches' order, then by batch and seed."""
+    found = sorted((result for _, result in results_of(source).of(*RERUN_GRIDS)
+                    if result.outcome == "oom" and isinstance(result.spec, TrainSpec) and not earlier_draw(result)),
+                   key=lambda result: (result.spec.batch_size, result.spec.seed))  # fmt: skip
+    return [BelowCeiling(row, result) for row in rows if row.done and row.fits is not None for result in found
+            if row.search.owns(result.spec) and result.spec.batch_size <= row.fits
+            and (not row.deciding_draws or result.data_draw in row.deciding_draws)]  # fmt: skip
 
 
 def find_search(rows: Sequence[SearchRow], stack: str, regime: str, backend: str, card: str,
@@ -701,6 +701,59 @@ def cross_card_checks(source: Source = None) -> list[CardCheck]:
     results = results_of(source)
     pairs = cross_card_pairs(result for _, result in results.of(CEILINGS, CROSS_CARD))
     return [CardCheck(result, twin) for result, twin in pairs if twin is not None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rerun:
+    """One probe run twice on one GPU, on one draw of the data: by the cross-card check and by its search (the
+    ``ceilings`` grid), on a GPU the check vouches for. Whether a probe repeats itself there is what the check's
+    comparison with the H200 takes for granted."""
+
+    first: CellResult
+    second: CellResult
+
+    @property
+    def device(self) -> str:
+        return self.first.env.device_name if self.first.env is not None and self.first.env.device_name else UNRECORDED
+
+    @property
+    def identical(self) -> bool:
+        return same_bytes(self.first, self.second)
+
+
+def same_gpu_reruns(source: Source = None) -> list[Rerun]:
+    """Every probe that the cross-card check and the ceiling search both ran on the same GPU (as their results
+    name it) on the same draw of the data: (the check's, the search's), in the check's path order."""
+    results = results_of(source)
+    search = {(result.cell_id, result.env.device_name, result.data_draw): result for _, result in results.of(CEILINGS)
+              if result.env is not None and result.env.device_name}  # fmt: skip
+    return [Rerun(result, twin) for _, result in results.of(CROSS_CARD) if result.env is not None and result.env.device_name
+            and (twin := search.get((result.cell_id, result.env.device_name, result.data_draw))) is not None]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class VouchScope:
+    """What the cross-card check compared and what the capped searches took from the GPUs it vouches for:
+    ``compared``, the (stack, allocator) settings of its same-draw pairs; ``admitted``, (GPU, stack, allocator) →
+    the capped ceiling probes that ran on a vouched GPU."""
+
+    compared: frozenset[tuple[str, str]]
+    admitted: dict[tuple[str, str, str], int]
+
+    def beyond(self) -> dict[tuple[str, str, str], int]:
+        """The admitted probes of a setting the check did not compare."""
+        return {key: count for key, count in self.admitted.items() if key[1:] not in self.compared}
+
+
+def vouch_scope(source: Source = None) -> VouchScope:
+    """The settings the cross-card check compared against those of the capped probes it let in."""
+    results = results_of(source)
+    vouched = vouched_devices(results.root, CROSS_CARD_GRID)
+    compared = frozenset((check.other.spec.stack, check.other.spec.allocator) for check in cross_card_checks(results))
+    keys = [(result.env.device_name, result.spec.stack, result.spec.allocator) for _, result in results.of(CEILINGS)
+            if result.env is not None and result.env.device_name in vouched
+            and CARDS[result.spec.card].usable_gib is not None]  # fmt: skip
+    return VouchScope(compared, {key: keys.count(key) for key in sorted(set(keys))})
 
 
 def cross_card_other_draws(source: Source = None) -> list[CardCheck]:

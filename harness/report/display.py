@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from pandas.io.formats.style_render import CSSDict
 
-from harness.report.text import gpu_words
+from harness.report.text import a_gpu, gpu_words
 from harness.search import REFERENCE_GPU
 from harness.spec import CARDS
 
@@ -60,8 +60,8 @@ def card_heading(card: str, allocator: str = "default", gpus: Sequence[str] = ()
     GPU: ``gpus``, the GPUs its rows name, an H200 where they name none): '**80 GB card (H100 profile)** —
     measured on an H200 whose allocator is capped at 78.43 GiB, …'."""
     profile = CARDS.get(card)
-    named = [gpu_words(gpu) for gpu in sorted(set(gpus), key=lambda gpu: (REFERENCE_GPU not in gpu, gpu))]
-    on = " or ".join(f"an {gpu}" for gpu in named) if named else f"an {REFERENCE_GPU}"
+    named = [a_gpu(gpu) for gpu in sorted(set(gpus), key=lambda gpu: (gpu_words(gpu) != REFERENCE_GPU, gpu))]
+    on = " or ".join(named) if named else a_gpu(REFERENCE_GPU)
     allocated = "" if allocator == "default" else f" · allocator: {allocator}"
     if profile is None or profile.nominal_gb is None:
         return f"**Card: {card}**{allocated}"

@@ -20,10 +20,12 @@ from harness.report.data import (
     BelowCeiling,
     CappedGpus,
     CardCheck,
+    Rerun,
     SearchRow,
     SeedEffect,
     SharedCheck,
     Source,
+    VouchScope,
     _cell_specs,
     backend_label,
     find_search,
@@ -50,6 +52,7 @@ from harness.report.text import (
     LOADER_MARK,
     LONG_RUN_MARK,
     STACK_NAMES,
+    a_gpu,
     allocator_words,
     as_published,
     card_gpu,
@@ -298,14 +301,16 @@ def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, 
 
 def capped_gpus_words(gpus: CappedGpus) -> str:
     """Where the capped cards' ceiling probes ran (:func:`harness.report.data.capped_probe_gpus`): 'on an H200', or
-    'on an H200, or for 12 of the 480 probes on an H100 80GB HBM3, which the cross-card check vouches for'."""
-    others = {name: count for name, count in gpus.probes.items() if REFERENCE_GPU not in name}
-    if not others:
-        return f"on an {REFERENCE_GPU}"
+    'on an H200, or for 12 of the 299 probes on an H100 80GB HBM3, which the cross-card check vouches for'."""
     total = sum(gpus.probes.values())
-    said = [f"for {count} of the {total} probes on an {gpu_words(name)}, which the cross-card check "
-            + ("vouches for" if name in gpus.vouched else "has not vouched for") for name, count in others.items()]  # fmt: skip
-    return f"on an {REFERENCE_GPU}, or {joined(said)}"
+    others = {name: count for name, count in gpus.probes.items() if name != f"NVIDIA {REFERENCE_GPU}"}
+    verdict = {name: "vouches for" if name in gpus.vouched else "has not vouched for" for name in others}
+    if len(others) == len(gpus.probes) and others:  # none on the reference GPU
+        return "; ".join(f"on {a_gpu(name)} ({count} of the {total} probes), which the cross-card check {verdict[name]}"
+                         for name, count in others.items())  # fmt: skip
+    said = [f"for {count} of the {total} probes on {a_gpu(name)}, which the cross-card check {verdict[name]}"
+            for name, count in others.items()]  # fmt: skip
+    return "; or ".join([f"on an {REFERENCE_GPU}", *said]).replace("; or ", ", or ", 1)
 
 
 def cross_card_intro(gpus: CappedGpus, grid_file: Path | None = None) -> str:
@@ -313,7 +318,7 @@ def cross_card_intro(gpus: CappedGpus, grid_file: Path | None = None) -> str:
     (:func:`harness.search.vouched_devices`), its searches counted from ``grid_file``; where the capped probes ran."""
     grid_file = grid_file or CROSS_CARD_GRID
     searches = load_searches(grid_file)
-    return (f"The capped cards' probes on this page ran {capped_gpus_words(gpus)}. Whether a probe's bytes under a cap depend "
+    return (f"The capped ceiling searches' probes ran {capped_gpus_words(gpus)}. Whether a probe's bytes under a cap depend "
             f"on the GPU below it is checked by running {counted(len(searches), 'of the searches', 'of the searches')} "
             f"again, with the same caps, on another GPU (`grids/{grid_file.name}`), compared probe by probe with the "
             f"{REFERENCE_GPU}'s that trained on the same draw of the data. A capped search takes probes from another GPU "
@@ -343,7 +348,7 @@ def _other_draw_reading(other_draws: Sequence[CardCheck]) -> str:
 
 def _same_draw_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, int], vouched: frozenset[str]) -> str:
     known = {name: count for name, count in probe_devices.items() if name != UNRECORDED}
-    ran = [f"{count} ran on an {gpu_words(name)}" for name, count in sorted(known.items())]
+    ran = [f"{count} ran on {a_gpu(name)}" for name, count in sorted(known.items())]
     ran_on = joined(ran) if ran else ""
     total = sum(probe_devices.values())
     unrecorded = probe_devices.get(UNRECORDED, 0)
@@ -353,23 +358,77 @@ def _same_draw_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, 
         return (f"{where} No probe has run again on another GPU on the same draw of the data yet, so whether a probe's "
                 "bytes under a cap depend on the GPU below it is not measured: the ceiling searches take probes from an "
                 "H200 only.").strip()  # fmt: skip
-    devices = joined(sorted({gpu_words(check.device) for check in checks}))
+    devices = joined(sorted({a_gpu(check.device) for check in checks}))
     keys = sorted({_search_key(check) for check in checks})
     settings = "; ".join(_setting_words(key) for key in keys)
     same = sum(check.identical for check in checks)
-    text = (f"{where} {counted(len(checks), 'probe')} of {counted(len(keys), 'search', 'searches')} ({settings}) run again on an "
+    text = (f"{where} {counted(len(checks), 'probe')} of {counted(len(keys), 'search', 'searches')} ({settings}) run again on "
             f"{devices} under the same caps")  # fmt: skip
     if same == len(checks):
-        checked = {check.device for check in checks}
-        admitted = (f": the check vouches for the {devices}, so the capped searches take probes from it too" if checked <= vouched
-                    else ". Until the check has finished each of its searches there, with such a twin for each, the capped "
-                    f"searches take probes from an {REFERENCE_GPU} only")  # fmt: skip
+        checked = sorted({check.device for check in checks})
+        yes, no = [gpu_words(d) for d in checked if d in vouched], [gpu_words(d) for d in checked if d not in vouched]
+        admitted = (f": the check vouches for the {joined(yes)}, so the capped searches take probes from "
+                    f"{'it' if len(yes) == 1 else 'them'} too" if yes else "")  # fmt: skip
+        if no:
+            admitted += ((". Until" if not yes else "; until") + " the check has finished each of its searches on the "
+                         f"{joined(no)}, with such a twin for each, the capped searches take no probe from "
+                         f"{'it' if len(no) == 1 else 'them'}")  # fmt: skip
         return (f"{text} gave the same outcome and the same peaks to the byte, step by step, as on the H200{admitted}.").strip()
     gaps = [gap for gap in (check.largest_gap_mib() for check in checks if not check.identical) if gap is not None]
     widest = (f" (at most {max(gap[0] for gap in gaps):.0f} MiB allocated and {max(gap[1] for gap in gaps):.0f} MiB "
               "reserved apart at a step)" if gaps else "")  # fmt: skip
     return (f"{text} gave the same outcome and peaks for only {same} of them{widest}: a probe's bytes depend on the "
             "GPU, so the ceiling searches take probes from an H200 only.").strip()  # fmt: skip
+
+
+def _under(allocators: Sequence[str]) -> str:
+    """'the default allocator and expandable segments'."""
+    return joined([("the " if allocator == "default" else "") + allocator_words(allocator) for allocator in allocators])
+
+
+def _run_words(result: CellResult) -> str:
+    """How one run of a probe ended: 'trained every step', 'ran out of memory at step 3'."""
+    if result.outcome != "oom":
+        return "trained every step" if result.outcome == "ok" else f"ended {result.outcome}"
+    done = len(result.step_peak_alloc_per_step_mib)
+    return f"ran out of memory at step {done + 1}" if done else "ran out of memory before it finished a step"
+
+
+def vouch_scope_reading(scope: VouchScope, reruns: Sequence[Rerun]) -> str:
+    """What the cross-card check's verdict covers (:func:`harness.report.data.vouch_scope`): the settings it
+    compared, the capped probes a vouched GPU gave the searches in a setting it did not compare, and the probes run
+    twice on that GPU (:func:`harness.report.data.same_gpu_reruns`) — a pair that differs there shows a run that
+    does not repeat itself on one GPU, which no comparison across GPUs can settle."""
+    if not scope.admitted:
+        return ""
+    stacks = sorted({stack for stack, _ in scope.compared})
+    compared = "; ".join(f"{STACK_NAMES.get(stack, stack)} under {_under(sorted(a for s, a in scope.compared if s == stack))}"
+                         for stack in stacks)  # fmt: skip
+    text = f"The check compared {compared}." if compared else ""
+    beyond = scope.beyond()
+    for device in sorted({device for device, _, _ in beyond}):
+        mine = {(stack, allocator): count for (gpu, stack, allocator), count in beyond.items() if gpu == device}
+        taken, outside = sum(count for (gpu, _, _), count in scope.admitted.items() if gpu == device), sum(mine.values())
+        settings = joined([f"{STACK_NAMES.get(stack, stack)} under {_under([allocator])}"
+                           + (f" ({count})" if len(mine) > 1 else "") for (stack, allocator), count in mine.items()])  # fmt: skip
+        which = f"all {taken} are" if outside == taken and taken > 1 else f"{outside} {'is' if outside == 1 else 'are'}"
+        text += (f" Of the {counted(taken, 'capped probe')} the searches took from {a_gpu(device)}, {which} of a setting it "
+                 f"did not compare: {settings}.")  # fmt: skip
+    if not beyond:
+        text += " Every capped probe the searches took from a GPU it vouches for is of a setting it compared."
+    if reruns:
+        same = sum(rerun.identical for rerun in reruns)
+        text += (f" {counted(len(reruns), 'probe')} ran twice on the same GPU and the same draw of the data (the check's "
+                 f"run and the search's)")  # fmt: skip
+        if len(reruns) > 1 or same:
+            text += f": {same} of {len(reruns)} gave the same outcome and peaks to the byte"
+        moved = [f"{STACK_NAMES.get(r.first.spec.stack, r.first.spec.stack)} {r.first.spec.variant} on "
+                 f"{card_short(r.first.spec.card)} ({allocator_words(r.first.spec.allocator)}) at B={r.first.spec.batch_size}, "
+                 f"seed {r.first.spec.seed}, on {a_gpu(r.device)}, {_run_words(r.first)} in the check's run and "
+                 f"{_run_words(r.second)} in the search's" for r in reruns if not r.identical]  # fmt: skip
+        said = f"the same GPU did not repeat {'it' if len(moved) == 1 else 'them'} to the byte"
+        text += (f"{'; ' if len(reruns) > 1 or same else ': '}{'; '.join(moved)}: {said}." if moved else ".")
+    return text.strip()
 
 
 def _search_key(check: SharedCheck | CardCheck) -> tuple[str, str, str, str, str]:
@@ -1570,7 +1629,7 @@ def long_run_note(searches: Sequence[SearchRow]) -> str:
             else:
                 text += f"; at {share}, one ended {lower.outcome} after {lower.steps_trained} of {lower.steps} steps"
             if lower.device_name and REFERENCE_GPU not in lower.device_name:
-                text += f", on an {gpu_words(lower.device_name)} at the same cap"
+                text += f", on {a_gpu(lower.device_name)} at the same cap"
         said.append(text + ".")
     if not said:
         return ""
@@ -1672,7 +1731,7 @@ def draw_reading(rows: Sequence[SearchRow], check_rows: Sequence[SearchRow] = ()
     answered = [row for row in rows if row.fits is not None and (row.ceiling.done or row.ceiling.earlier_draw)]
     twins = {(row.stack, row.regime, row.backend, row.card, row.allocator): row for row in answered}
     moved = [f"{STACK_NAMES.get(row.stack, row.stack)} {row.backend} on {card_short(row.card)} trained up to {row.fits} "
-             f"on the {_draws(row)} (on an {joined(sorted(gpu_words(name) for name in row.devices))}) "
+             f"on the {_draws(row)} (on {joined(sorted(a_gpu(name) for name in row.devices))}) "
              f"against {twin.fits} on the {_draws(twin)}"
              + (" (a ceiling whose deciding probes run again on the current draw)" if twin.ceiling.earlier_draw else "")
              for row in _decided(check_rows) if row.devices
@@ -1730,25 +1789,28 @@ GRID_NAMES = {CROSS_CARD: "the cross-card check", SHARED_CHECK: "the shared-GPU 
 
 
 def below_ceiling_reading(failures: Sequence[BelowCeiling]) -> str:
-    """Under the ceiling table: whether a batch below a finished search's ceiling ran out of memory in any grid
-    that runs the search's probes (:func:`harness.report.data.below_ceiling_failures`), each named with its seed,
-    step, the memory held unallocated when it failed, and where it ran. A ceiling says which batch trained every
-    seed and that the one above it failed; it does not say every smaller batch trains."""
+    """Under the ceiling table: whether a batch no larger than a finished search's ceiling ran out of memory in a
+    grid that runs the search's probes (:func:`harness.report.data.below_ceiling_failures`), each named with its
+    seed, step, what its out-of-memory message says was reserved but not allocated, and where it ran. A ceiling says
+    which batch trained every seed and that the one above it failed; not that every smaller batch trains, nor that
+    the same probe trains again."""
     if not failures:
         return ("Below the ceilings: no probe of a finished search, in any grid that runs its probes, ran out of memory "
-                "at a batch smaller than its ceiling.")  # fmt: skip
+                "at its ceiling or below it.")  # fmt: skip
     said = []
     for failure in failures:
         row, result = failure.row, failure.result
-        held = failure.held_unused_gib
+        held = oom_held_mib(result.oom_message)
+        step = f"at step {failure.failed_step}" if failure.failed_step > 1 else "before it finished its first step"
+        where = "a GPU it did not record" if failure.device == UNRECORDED else a_gpu(failure.device)
         said.append(f"{regime_label(row.stack, row.regime)}, {row.backend} on {card_short(row.card)} "
                     f"({allocator_words(row.allocator)}) trained {row.fits} on {counted(len(row.search.seeds), 'seed')}, "
-                    f"yet {result.spec.batch_size} ran out of memory on seed {result.spec.seed} at step "
-                    f"{failure.failed_step}" + (f" with {held:.1f} GiB reserved but not allocated" if held is not None else "")
-                    + f" ({GRID_NAMES.get(str(result.grid), str(result.grid))}'s run of that probe, on an "
-                    f"{gpu_words(failure.device)}, same draw of the data)")  # fmt: skip
-    return ("Below the ceilings: a ceiling is the largest batch that trained on every seed, with the batch above it "
-            f"failing; a smaller batch can still fail. {'; '.join(said)}.")
+                    f"yet {result.spec.batch_size} ran out of memory on seed {result.spec.seed} {step}"
+                    + (f" with {held[1] * GIB_PER_MIB:.2f} GiB reserved but unallocated" if held is not None else "")
+                    + f" ({GRID_NAMES.get(str(result.grid), str(result.grid))}'s run of that probe, on {where}, on the "
+                    f"draw of the data the ceiling stands on)")  # fmt: skip
+    return ("Below the ceilings: a ceiling is the largest batch that trained on every seed of its search, with the batch "
+            f"above it failing; a smaller batch can still fail, and so can a probe run again. {'; '.join(said)}.")
 
 
 def _decided(rows: Sequence[SearchRow]) -> list[SearchRow]:

@@ -175,6 +175,14 @@ def gpu_words(name: str) -> str:
     return name.removeprefix("NVIDIA ")
 
 
+def a_gpu(name: str) -> str:
+    """A GPU after its article, as said aloud: 'an H100 80GB HBM3', 'an A100', 'a GeForce RTX 4090', 'a B200'
+    (a leading letter read by its name — A, E, F, H, I, L, M, N, O, R, S, X — takes 'an')."""
+    words = gpu_words(name)
+    initialism = words[:1] in set("AEFHILMNORSX") and (words[1:2].isdigit() or words[1:2].isupper())
+    return f"{'an' if initialism or words[:1] in set('AEIOU') else 'a'} {words}"
+
+
 def gpu_text(name: object) -> str:
     """The GPU a result records, in a table: 'NVIDIA H100 80GB HBM3' → 'H100 80GB HBM3'; 'unrecorded' for a
     result that does not name its GPU (the results table and the cell notebooks' index alike)."""
