@@ -444,7 +444,7 @@ def _search_words(check: SharedCheck) -> str:
 def _setting_words(key: tuple[str, str, str, str, str]) -> str:
     """A search's setting: 'colpali · recipe (grad-checkpointed), vanilla, the 24 GB card, default allocator'."""
     stack, regime, backend, card, allocator = key
-    where = "the whole H200" if CARDS.get(card) and CARDS[card].usable_gib is None else f"the {card_short(card)} card"
+    where = f"the whole {REFERENCE_GPU}" if CARDS.get(card) and CARDS[card].usable_gib is None else f"the {card_short(card)} card"
     return f"{regime_label(stack, regime)}, {backend}, {where}, {allocator} allocator"
 
 
