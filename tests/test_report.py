@@ -652,7 +652,7 @@ def test_show_shows_nothing_for_a_missing_figure_or_an_empty_table_and_no_page_d
 
 def test_the_pages_say_which_gpus_the_capped_probes_ran_on(tmp_path):
     """intro.md, ceilings.md and methodology.md: 'capped to what PyTorch can use on such a card, on an H200, or for
-    1 of the 3 probes on an H100 80GB HBM3, which the cross-card check has not vouched for' — counted from the
+    1 of the 3 capped probes on an H100 80GB HBM3, which the cross-card check has not vouched for' — counted from the
     ceiling probes of capped cards (a whole-H200 probe and another grid's result are not), with the check's verdict."""
     for batch, card, gpu in ((8, "h100-80gb", "NVIDIA H200"), (16, "h100-80gb", "NVIDIA H200"),
                              (24, "rtx4090-24gb", "NVIDIA H100 80GB HBM3"), (32, "native", "NVIDIA H200")):  # fmt: skip
@@ -662,18 +662,18 @@ def test_the_pages_say_which_gpus_the_capped_probes_ran_on(tmp_path):
     gpus = data.capped_probe_gpus(tmp_path)
     assert gpus.probes == {"NVIDIA H100 80GB HBM3": 1, "NVIDIA H200": 2} and gpus.vouched == frozenset()
     assert prose.capped_gpus_words(gpus) == (
-        "on an H200, or for 1 of the 3 probes on an H100 80GB HBM3, which the cross-card check has not vouched for")
+        "on an H200, or for 1 of the 3 capped probes on an H100 80GB HBM3, which the cross-card check has not vouched for")
     vouched = data.CappedGpus(gpus.probes, frozenset({"NVIDIA H100 80GB HBM3"}))
     assert prose.capped_gpus_words(vouched).endswith("which the cross-card check vouches for")
     assert prose.capped_gpus_words(data.CappedGpus({"NVIDIA H200": 2}, frozenset())) == "on an H200"
     two = data.CappedGpus({"NVIDIA A100-SXM4-80GB": 3, "NVIDIA H100 80GB HBM3": 1, "NVIDIA H200": 2}, vouched.vouched)
     assert prose.capped_gpus_words(two) == (
-        "on an H200, or for 3 of the 6 probes on an A100-SXM4-80GB, which the cross-card check has not vouched for; "
-        "or for 1 of the 6 probes on an H100 80GB HBM3, which the cross-card check vouches for")
+        "on an H200, or for 3 of the 6 capped probes on an A100-SXM4-80GB, which the cross-card check has not vouched for; "
+        "or for 1 of the 6 capped probes on an H100 80GB HBM3, which the cross-card check vouches for")
     assert prose.capped_gpus_words(data.CappedGpus({"NVIDIA GeForce RTX 4090": 2}, frozenset())) == (
-        "on a GeForce RTX 4090 (2 of the 2 probes), which the cross-card check has not vouched for")
+        "on a GeForce RTX 4090 (2 of the 2 capped probes), which the cross-card check has not vouched for")
     assert prose.cross_card_intro(vouched).startswith(
-        "The capped ceiling searches' probes ran on an H200, or for 1 of the 3 probes on an H100")
+        "The capped ceiling searches' probes ran on an H200, or for 1 of the 3 capped probes on an H100")
 
 
 def test_the_check_says_which_settings_it_compared_and_which_probes_did_not_repeat_on_one_gpu(tmp_path, monkeypatch):

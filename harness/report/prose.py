@@ -301,14 +301,14 @@ def cross_card_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, 
 
 def capped_gpus_words(gpus: CappedGpus) -> str:
     """Where the capped cards' ceiling probes ran (:func:`harness.report.data.capped_probe_gpus`): 'on an H200', or
-    'on an H200, or for 12 of the 299 probes on an H100 80GB HBM3, which the cross-card check vouches for'."""
+    'on an H200, or for 12 of the 299 capped probes on an H100 80GB HBM3, which the cross-card check vouches for'."""
     total = sum(gpus.probes.values())
     others = {name: count for name, count in gpus.probes.items() if name != f"NVIDIA {REFERENCE_GPU}"}
     verdict = {name: "vouches for" if name in gpus.vouched else "has not vouched for" for name in others}
     if len(others) == len(gpus.probes) and others:  # none on the reference GPU
-        return "; ".join(f"on {a_gpu(name)} ({count} of the {total} probes), which the cross-card check {verdict[name]}"
+        return "; ".join(f"on {a_gpu(name)} ({count} of the {total} capped probes), which the cross-card check {verdict[name]}"
                          for name, count in others.items())  # fmt: skip
-    said = [f"for {count} of the {total} probes on {a_gpu(name)}, which the cross-card check {verdict[name]}"
+    said = [f"for {count} of the {total} capped probes on {a_gpu(name)}, which the cross-card check {verdict[name]}"
             for name, count in others.items()]  # fmt: skip
     return "; or ".join([f"on an {REFERENCE_GPU}", *said]).replace("; or ", ", or ", 1)
 
