@@ -21,7 +21,7 @@ from harness.results import CellResult, load_result, write_result
 from harness.search import Ceiling, CeilingSearch, ProbeMismatch, Probes, describe, load_searches, plan_search, search_state
 from harness.search import walk as walk_search
 from harness.spec import with_fields
-from test_results import on_gpu
+from test_results import on_draw, on_gpu
 
 pytestmark = [pytest.mark.pylate, pytest.mark.usefixtures("own_gates")]
 ROOT = Path(__file__).resolve().parent.parent
@@ -751,12 +751,8 @@ def test_a_failure_below_a_ceiling_in_a_grid_that_runs_its_probes_again_is_named
     grid = grid_file(tmp_path / "grid.yaml", default, expandable)
     assert data.below_ceiling_failures(data.ceilings(layout.results_dir, grid), layout.results_dir) == []
     assert prose.below_ceiling_reading([]).startswith("Below the ceilings: no probe of a finished search")
-    def drawn(result: CellResult, draw: str) -> CellResult:
-        env = on_gpu(result, "NVIDIA H200").env
-        return result.model_copy(update={"env": env.model_copy(update={"data_source": f"synthetic:x:seed=42:{draw}"})})
-
     for path in layout.results_dir.rglob("*.json"):  # the search's probes trained on the stream draw, on an H200
-        write_result(drawn(load_result(path), "stream=1"), path)
+        write_result(on_draw(load_result(path), "synthetic:x:seed=42:stream=1"), path)
     fits = load_result(next(layout.results_dir.rglob(f"{default.probe(640, 42).cell_id}.json")))
     message = ("CUDA out of memory. Tried to allocate 574.00 MiB. GPU 0 has a total capacity of 79.19 GiB of which "
                "1.00 GiB is free. Of the allocated memory 58.59 GiB is allocated by PyTorch, and 6.22 GiB is reserved by "
@@ -764,7 +760,7 @@ def test_a_failure_below_a_ceiling_in_a_grid_that_runs_its_probes_again_is_named
 
     def failed_again(s: CeilingSearch, batch: int, grid: str = data.CROSS_CARD, steps: int = 2, draw: str | None = None):
         spec = with_fields(fits.spec, batch_size=batch, allocator=s.allocator)
-        result = fits if draw is None else drawn(fits, draw)
+        result = fits if draw is None else on_draw(fits, f"synthetic:x:seed=42:{draw}")
         result = result.model_copy(update={"grid": grid, "cell_id": spec.cell_id, "spec": spec, "outcome": "oom",
                                          "step_peak_alloc_per_step_mib": fits.step_peak_alloc_per_step_mib[:steps],
                                          "step_peak_reserved_per_step_mib": fits.step_peak_reserved_per_step_mib[:steps],

@@ -16,7 +16,7 @@ import pytest
 from harness.report import data, plots, prose, style, tables, text, timing
 from harness.results import Timing, write_result
 from test_book import ROOT, committed_book
-from test_results import make_call, make_result, on_gpu
+from test_results import make_call, make_result, on_draw, on_gpu
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 OOM = "CUDA out of memory. Tried to allocate 56.25 GiB. GPU 0 has ..."
@@ -324,10 +324,7 @@ def test_the_cross_card_check_leaves_out_a_twin_of_the_other_data_draw(tmp_path)
     """A probe's H200 twin that trained on the other draw of the data saw other batches: the pair compares
     draws as well as GPUs, so it is named apart and left out of the verdict."""
     def drawn(result, draw, gpu):
-        result = on_gpu(result, gpu)
-        assert result.env is not None
-        source = f"synthetic:colpali_train_set:seed=42:{draw}"
-        return result.model_copy(update={"env": result.env.model_copy(update={"data_source": source})})
+        return on_draw(result, f"synthetic:colpali_train_set:seed=42:{draw}", gpu)
 
     write_result(drawn(make_result(grid="ceilings", batch_size=8), "rows=64", "NVIDIA H200"), tmp_path / "ceilings" / "b8.json")
     write_result(drawn(make_result(grid="ceilings", batch_size=16), "stream=1048576", "NVIDIA H200"),

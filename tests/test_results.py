@@ -63,6 +63,13 @@ def on_gpu(result, name):
     return result.model_copy(update={"env": env.model_copy(update={"device_name": name})})
 
 
+def on_draw(result, source, name="NVIDIA H200"):
+    """``result`` as trained on the synthetic data ``source`` ('synthetic:x:seed=42:stream=1': its draw, as
+    :attr:`CellResult.data_draw` reads it) on the GPU ``name``. Shared with test_report and test_ceiling."""
+    env = on_gpu(result, name).env
+    return result.model_copy(update={"env": env.model_copy(update={"data_source": source})})
+
+
 def test_round_trip_keeps_every_field(tmp_path):
     original = make_result()
     path = write_result(original, tmp_path / "cell.json")

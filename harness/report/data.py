@@ -23,6 +23,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import pandas as pd
 
@@ -539,6 +540,17 @@ def _largest(frame: pd.DataFrame, column: str, scale: float = 1.0) -> float | No
     return None if value is None or pd.isna(value) else float(value) * scale
 
 
+def device_of(result: CellResult) -> str:
+    """The GPU a result names ('NVIDIA H100 80GB HBM3'), :data:`UNRECORDED` where it names none."""
+    return result.env.device_name if result.env is not None and result.env.device_name else UNRECORDED
+
+
+def failed_step(result: CellResult) -> int:
+    """The step (from 1) a run that ran out of memory failed in: the one after the last whose peaks were recorded
+    (1 where none were: it failed before finishing its first step)."""
+    return len(result.step_peak_alloc_per_step_mib) + 1
+
+
 @dataclasses.dataclass(frozen=True)
 class BelowCeiling:
     """A probe of a finished search that ran out of memory at a batch no larger than the search's ceiling: the
@@ -551,13 +563,11 @@ class BelowCeiling:
 
     @property
     def device(self) -> str:
-        return self.result.env.device_name if self.result.env is not None and self.result.env.device_name else UNRECORDED
+        return device_of(self.result)
 
     @property
     def failed_step(self) -> int:
-        """The step (from 1) that ran out of memory: the one after the last whose peaks were recorded (1 where
-        none were: it failed before finishing its first step)."""
-        return len(self.result.step_peak_alloc_per_step_mib) + 1
+        return failed_step(self.result)
 
 
 RERUN_GRIDS = (CEILINGS, CROSS_CARD, SHARED_CHECK)  # the grids whose probes are a ceiling search's probes, run again
@@ -676,7 +686,7 @@ class CardCheck:
     @property
     def device(self) -> str:
         """The other GPU, as its result names it: 'NVIDIA H100 80GB HBM3'."""
-        return self.other.env.device_name if self.other.env is not None and self.other.env.device_name else "unrecorded"
+        return device_of(self.other)
 
     @property
     def identical(self) -> bool:
@@ -714,7 +724,7 @@ class Rerun:
 
     @property
     def device(self) -> str:
-        return self.first.env.device_name if self.first.env is not None and self.first.env.device_name else UNRECORDED
+        return device_of(self.first)
 
     @property
     def identical(self) -> bool:
@@ -745,15 +755,14 @@ class VouchScope:
         return {key: count for key, count in self.admitted.items() if key[1:] not in self.compared}
 
 
-def vouch_scope(source: Source = None) -> VouchScope:
-    """The settings the cross-card check compared against those of the capped probes it let in."""
+def vouch_scope(source: Source = None, vouched: frozenset[str] | None = None) -> VouchScope:
+    """The settings the cross-card check compared against those of the capped probes it let in (``vouched``: the
+    GPUs it vouches for, :attr:`CappedGpus.vouched` where a page has them; read from the results where None)."""
     results = results_of(source)
-    vouched = vouched_devices(results.root, CROSS_CARD_GRID)
+    vouched = vouched_devices(results.root, CROSS_CARD_GRID) if vouched is None else vouched
     compared = frozenset((check.other.spec.stack, check.other.spec.allocator) for check in cross_card_checks(results))
-    keys = [(result.env.device_name, result.spec.stack, result.spec.allocator) for _, result in results.of(CEILINGS)
-            if result.env is not None and result.env.device_name in vouched
-            and CARDS[result.spec.card].usable_gib is not None]  # fmt: skip
-    return VouchScope(compared, {key: keys.count(key) for key in sorted(set(keys))})
+    return VouchScope(compared, _tally([(device_of(result), result.spec.stack, result.spec.allocator)
+                                        for result in _capped_probes(results) if device_of(result) in vouched]))  # fmt: skip
 
 
 def cross_card_other_draws(source: Source = None) -> list[CardCheck]:
@@ -766,15 +775,25 @@ def cross_card_other_draws(source: Source = None) -> list[CardCheck]:
             if twin is None and result.cell_id in by_id]  # fmt: skip
 
 
+Key = TypeVar("Key", str, tuple[str, str, str])  # what _tally counts: GPU names, (GPU, stack, allocator) settings
 UNRECORDED = "unrecorded"  # a probe whose result names no GPU (a crashed kernel records no environment)
 
 
 def probe_devices(source: Source = None) -> dict[str, int]:
     """The GPUs the committed ceiling probes ran on: name → probes, :data:`UNRECORDED` for those whose
     result names none."""
-    names = [result.env.device_name if result.env and result.env.device_name else UNRECORDED
-             for _, result in results_of(source).of(CEILINGS)]  # fmt: skip
-    return {name: names.count(name) for name in sorted(set(names))}
+    return _tally([device_of(result) for _, result in results_of(source).of(CEILINGS)])
+
+
+def _tally(items: Sequence[Key]) -> dict[Key, int]:
+    """Each distinct item → how often it occurs, in sorted order."""
+    return {item: items.count(item) for item in sorted(set(items))}
+
+
+def _capped_probes(results: Results) -> list[CellResult]:
+    """The ceiling probes of capped cards whose result names its GPU."""
+    return [result for _, result in results.of(CEILINGS)
+            if device_of(result) != UNRECORDED and CARDS[result.spec.card].usable_gib is not None]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -790,9 +809,8 @@ class CappedGpus:
 def capped_probe_gpus(source: Source = None) -> CappedGpus:
     """Which GPUs the capped cards' ceiling probes ran on: an H200 unless the cross-card check vouched for another."""
     results = results_of(source)
-    names = [result.env.device_name for _, result in results.of(CEILINGS)
-             if result.env and result.env.device_name and CARDS[result.spec.card].usable_gib is not None]  # fmt: skip
-    return CappedGpus({name: names.count(name) for name in sorted(set(names))}, vouched_devices(results.root, CROSS_CARD_GRID))
+    return CappedGpus(_tally([device_of(result) for result in _capped_probes(results)]),
+                      vouched_devices(results.root, CROSS_CARD_GRID))
 
 
 def query_lengths(source: Source = None, stack: str = "colpali") -> pd.DataFrame:

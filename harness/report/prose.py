@@ -28,6 +28,7 @@ from harness.report.data import (
     VouchScope,
     _cell_specs,
     backend_label,
+    failed_step,
     find_search,
     finished,
     grid_spec,
@@ -303,7 +304,7 @@ def capped_gpus_words(gpus: CappedGpus) -> str:
     """Where the capped cards' ceiling probes ran (:func:`harness.report.data.capped_probe_gpus`): 'on an H200', or
     'on an H200, or for 12 of the 299 capped probes on an H100 80GB HBM3, which the cross-card check vouches for'."""
     total = sum(gpus.probes.values())
-    others = {name: count for name, count in gpus.probes.items() if name != f"NVIDIA {REFERENCE_GPU}"}
+    others = {name: count for name, count in gpus.probes.items() if gpu_words(name) != REFERENCE_GPU}
     verdict = {name: "vouches for" if name in gpus.vouched else "has not vouched for" for name in others}
     if len(others) == len(gpus.probes) and others:  # none on the reference GPU
         return "; ".join(f"on {a_gpu(name)} ({count} of the {total} capped probes), which the cross-card check {verdict[name]}"
@@ -390,8 +391,8 @@ def _run_words(result: CellResult) -> str:
     """How one run of a probe ended: 'trained every step', 'ran out of memory at step 3'."""
     if result.outcome != "oom":
         return "trained every step" if result.outcome == "ok" else f"ended {result.outcome}"
-    done = len(result.step_peak_alloc_per_step_mib)
-    return f"ran out of memory at step {done + 1}" if done else "ran out of memory before it finished a step"
+    step = failed_step(result)
+    return f"ran out of memory at step {step}" if step > 1 else "ran out of memory before it finished a step"
 
 
 def vouch_scope_reading(scope: VouchScope, reruns: Sequence[Rerun]) -> str:
