@@ -486,6 +486,25 @@ def test_numbers_never_read_minus_zero_and_cards_are_named_as_measured():
     assert text.card_label("native") == "141 GB (the whole H200)"
 
 
+def test_the_compact_ceiling_grid_heads_each_card_short_and_the_page_gives_every_cap_in_words():
+    """ceilings.md's main tables head a column '80 GB (H100)' (a heading with its cap ran to six lines); the caps
+    are said once above them, each card's from harness.spec.CARDS, and the grid's entries do not change."""
+    from harness.spec import CARDS
+
+    cards = ["native", "h100-80gb", "rtx4090-24gb"]
+    assert [text.card_column(card) for card in cards] == ["141 GB (whole H200)", "80 GB (H100)", "24 GB (RTX4090)"]
+    words = text.caps_words(cards)
+    assert words.endswith("22.96 GiB for the 24 GB (RTX4090) and 78.43 GiB for the 80 GB (H100); "
+                          "the 141 GB (whole H200) is uncapped")  # fmt: skip
+    assert all(f"{CARDS[card].usable_gib:.2f} GiB" in words for card in cards[1:]) and text.caps_words(["native"]) == ""
+    searches = data.ceilings()
+    full, compact = tables.ceiling_grid(searches), tables.ceiling_grid(searches, compact=True)
+    assert list(compact.columns) == [text.card_column(card) for card in text.cards_in_order(row.card for row in searches)]
+    assert (full.to_numpy() == compact.to_numpy()).all() and max(len(column) for column in compact.columns) <= 19
+    page = (Path(__file__).parents[1] / "book" / "ceilings.md").read_text()
+    assert page.count("compact=True") == 2 and "caps_words(" in page
+
+
 def test_card_labels_name_the_gpu_the_harness_admits_for_capped_probes(monkeypatch):
     """The GPU in every card label and heading is harness.search.REFERENCE_GPU, the one the ceiling searches admit
     for a capped probe, never a literal of its own: another reference GPU renames every label, and no 'H200' is left."""

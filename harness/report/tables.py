@@ -23,6 +23,7 @@ from harness.report.data import (
 from harness.report.text import (
     TUNER_MARK,
     as_published,
+    card_column,
     card_label,
     card_short,
     cards_in_order,
@@ -466,9 +467,10 @@ def _spread_ms(row: pd.Series) -> str:
 NO_SEARCH = "—"  # a card the grid plans no search on for that row
 
 
-def ceiling_grid(searches: Sequence[SearchRow], allocator: str = "default") -> pd.DataFrame:
+def ceiling_grid(searches: Sequence[SearchRow], allocator: str = "default", compact: bool = False) -> pd.DataFrame:
     """What fits on my card: the ceiling per stack/regime/backend (rows) and card (columns);
-    :data:`NO_SEARCH` where the grid plans no search on that card."""
+    :data:`NO_SEARCH` where the grid plans no search on that card. ``compact``: the columns headed '80 GB (H100)'
+    (:func:`card_column`), for a page that gives the caps in words (:func:`caps_words`), not in each heading."""
     chosen = [row for row in searches if row.allocator == allocator]
     if not chosen:
         return pd.DataFrame()
@@ -476,7 +478,8 @@ def ceiling_grid(searches: Sequence[SearchRow], allocator: str = "default") -> p
                            "card": row.card, "ceiling": ceiling_entry(row)} for row in chosen])  # fmt: skip
     table = frame.pivot_table(index=["stack", "regime", "backend"], columns="card", values="ceiling", aggfunc="first")
     order = cards_in_order(frame["card"])
-    return table.reindex(columns=order).rename(columns=card_label).rename_axis(columns=None).fillna(NO_SEARCH)
+    heading = card_column if compact else card_label
+    return table.reindex(columns=order).rename(columns=heading).rename_axis(columns=None).fillna(NO_SEARCH)
 
 
 def ceiling_details(searches: Sequence[SearchRow]) -> pd.DataFrame:

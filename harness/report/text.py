@@ -154,6 +154,29 @@ def card_label(name: str, lines: bool = False) -> str:
     return f"{profile.nominal_gb} GB ({model} profile, capped at {profile.usable_gib:.2f} GiB)"
 
 
+def card_column(name: str) -> str:
+    """A card as a table's column heading, its cap left to the words above the table (:func:`caps_words`):
+    '80 GB (H100)', '141 GB (whole H200)'."""
+    profile = CARDS.get(name)
+    if profile is None or profile.nominal_gb is None:
+        return name
+    return f"{profile.nominal_gb} GB ({card_gpu(name) or 'whole ' + REFERENCE_GPU})"
+
+
+def caps_words(names: Sequence[str]) -> str:
+    """What the capped cards among ``names`` may allocate, smallest first: 'each capped GPU's allocator is held
+    to what PyTorch can use on that card: 22.96 GiB for the 24 GB (RTX4090) and 78.43 GiB for the 80 GB (H100); the
+    141 GB (whole H200) is uncapped'; empty where none is capped."""
+    ordered = cards_in_order(names)
+    capped = [name for name in ordered if CARDS[name].usable_gib is not None]
+    whole = [card_column(name) for name in ordered if CARDS[name].usable_gib is None]
+    if not capped:
+        return ""
+    text = ("each capped GPU's allocator is held to what PyTorch can use on that card: "
+            + joined([f"{CARDS[name].usable_gib:.2f} GiB for the {card_column(name)}" for name in capped]))  # fmt: skip
+    return text + (f"; the {joined(whole)} is uncapped" if whole else "")
+
+
 def card_gpu(name: str) -> str | None:
     """The GPU a capped card profile is named after: 'h100-80gb' → 'H100'; None for the whole device ('native')."""
     profile = CARDS.get(name)
