@@ -85,3 +85,27 @@ def test_a_fresh_machine_is_seeded_with_the_committed_results_its_jobs_resume_fr
     (tmp_path / "results" / "ceilings" / "pylate" / "plain" / "new.json").write_text('{"stale": true}\n')
     subprocess.run(["bash", str(SCRIPT), "seed"], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, check=True, timeout=60)
     assert measured.read_text() == "{}\n"
+
+
+def test_start_refuses_a_checkout_without_the_wheelhouse_before_anything_runs(tmp_path):
+    """The environments install offline from ./wheelhouse, which git ignores: a device call that did not carry
+    it once built nothing and waited out its lease. `start` now says so in one line and starts no queue."""
+    queue = tmp_path / "queue.txt"
+    queue.write_text("sweep grids/op.yaml\n")
+    run = subprocess.run(["bash", str(SCRIPT), "start", str(queue)], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 2 and run.stdout.startswith("no wheels under ./wheelhouse") and len(run.stdout.splitlines()) == 1
+    assert not (tmp_path / "device-log" / "queue.pid").exists()
+
+
+def test_pack_stops_waiting_on_a_queue_whose_environments_failed(tmp_path):
+    log = tmp_path / "device-log"
+    log.mkdir()
+    (log / "queue.pid").write_text("1\n")
+    (log / "queue.failed").touch()
+    (log / "queue.log").write_text("== environments failed: the queue stops\n")
+    began = time.perf_counter()
+    run = pack(tmp_path, 30)
+    assert run.returncode == 1 and "QUEUE FAILED" in run.stdout
+    assert time.perf_counter() - began < 10  # not the 30 seconds it was asked to wait
+    assert (tmp_path / "out" / "queue.log").exists()

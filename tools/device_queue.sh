@@ -60,7 +60,8 @@ run_job() {  # one job: KIND TARGET REST
 run_queue() {
   export PYTHONUNBUFFERED=1
   stage "environments (offline, from ./wheelhouse)"
-  device_envs "$LOG" || return 1
+  # a queue whose environments failed stops, and says so to `pack`, which then stops waiting on it
+  device_envs "$LOG" || { stage "environments failed: the queue stops (device-log/envs-*.log)"; touch "$LOG/queue.failed"; return 1; }
   nvidia-smi --query-gpu=index,name,memory.used,clocks.sm,temperature.gpu --format=csv,noheader
   while read -r kind target rest; do
     case "$kind" in
@@ -82,7 +83,11 @@ case "${1:-}" in
     if [ -f "$LOG/queue.pid" ] && kill -0 "$(cat "$LOG/queue.pid")" 2>/dev/null; then
       echo "a queue is already running (pid $(cat "$LOG/queue.pid")): not starting another"; exit 0
     fi
-    rm -f "$LOG/queue.done"
+    # The environments install offline from ./wheelhouse, which git ignores: a call that did not carry it
+    # would build nothing and wait out its lease, so refuse at once.
+    set +f; wheels=(wheelhouse/*.whl); set -f
+    [ -e "${wheels[0]}" ] || { echo "no wheels under ./wheelhouse: build it (python3 tools/envs.py wheelhouse pylate colpali --host h200-cuda-image --dest wheelhouse) and carry it into the device call (git ignores it)"; exit 2; }
+    rm -f "$LOG/queue.done" "$LOG/queue.failed"
     seed_results
     setsid nohup bash "$0" _run "$2" > "$LOG/queue.log" 2>&1 < /dev/null &
     echo $! > "$LOG/queue.pid"
@@ -102,13 +107,14 @@ case "${1:-}" in
     }
     trap 'pack_now; exit 124' TERM INT
     packed=$SECONDS
-    while [ "$SECONDS" -lt "$WAIT" ] && [ ! -f "$LOG/queue.done" ]; do
+    while [ "$SECONDS" -lt "$WAIT" ] && [ ! -f "$LOG/queue.done" ] && [ ! -f "$LOG/queue.failed" ]; do
       sleep 5
       if [ $((SECONDS - packed)) -ge 60 ]; then pack_now; packed=$SECONDS; fi
     done
     find device-results -name '*.json' | wc -l
     pack_now
     tail -40 "$LOG/queue.log"
+    if [ -f "$LOG/queue.failed" ]; then echo "QUEUE FAILED (its environments: device-log/envs-*.log)"; exit 1; fi
     if [ -f "$LOG/queue.done" ]; then echo "QUEUE DONE"; else echo "queue still running"; fi ;;
   *) echo "usage: $0 start QUEUE | pack [SECONDS]"; exit 2 ;;
 esac
