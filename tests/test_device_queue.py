@@ -19,6 +19,17 @@ def pack(where: Path, seconds: int) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
+def queue_ran(where: Path, marker: str | None, log: str) -> None:
+    """A machine's device-log/ as a started queue leaves it: its pid (1: alive), ``marker`` (queue.done or
+    queue.failed, None while it runs) and its log."""
+    folder = where / "device-log"
+    folder.mkdir()
+    (folder / "queue.pid").write_text("1\n")
+    if marker is not None:
+        (folder / marker).touch()
+    (folder / "queue.log").write_text(log)
+
+
 def test_pack_on_a_bare_machine_says_so_at_once(tmp_path):
     began = time.perf_counter()
     run = pack(tmp_path, 30)
@@ -28,11 +39,7 @@ def test_pack_on_a_bare_machine_says_so_at_once(tmp_path):
 
 
 def test_pack_packs_what_a_finished_queue_wrote(tmp_path):
-    log = tmp_path / "device-log"
-    log.mkdir()
-    (log / "queue.pid").write_text("1\n")
-    (log / "queue.done").touch()
-    (log / "queue.log").write_text("== queue done\n")
+    queue_ran(tmp_path, "queue.done", "== queue done\n")
     result = tmp_path / "device-results" / "ceilings" / "pylate" / "plain" / "cell.json"
     result.parent.mkdir(parents=True)
     result.write_text("{}\n")
@@ -46,10 +53,7 @@ def test_pack_packs_what_a_finished_queue_wrote(tmp_path):
 def test_a_pack_killed_at_its_calls_limit_still_leaves_what_finished(tmp_path):
     """A device call whose budget is shorter than the wait it was asked is killed (SIGTERM) before the
     end of its wait: what finished so far must still be packed under $OUT, never lost with the machine."""
-    log = tmp_path / "device-log"
-    log.mkdir()
-    (log / "queue.pid").write_text("1\n")  # a queue still running
-    (log / "queue.log").write_text("== harness sweep grids/long-run.yaml\n")
+    queue_ran(tmp_path, None, "== harness sweep grids/long-run.yaml\n")  # a queue still running
     result = tmp_path / "device-results" / "long-run" / "colpali" / "plain" / "cell.progress"
     result.parent.mkdir(parents=True)
     result.write_text("{}\n")
@@ -99,11 +103,7 @@ def test_start_refuses_a_checkout_without_the_wheelhouse_before_anything_runs(tm
 
 
 def test_pack_stops_waiting_on_a_queue_whose_environments_failed(tmp_path):
-    log = tmp_path / "device-log"
-    log.mkdir()
-    (log / "queue.pid").write_text("1\n")
-    (log / "queue.failed").touch()
-    (log / "queue.log").write_text("== environments failed: the queue stops\n")
+    queue_ran(tmp_path, "queue.failed", "== environments failed: the queue stops\n")
     began = time.perf_counter()
     run = pack(tmp_path, 30)
     assert run.returncode == 1 and "QUEUE FAILED" in run.stdout

@@ -735,10 +735,10 @@ def same_gpu_reruns(source: Source = None) -> list[Rerun]:
     """Every probe that the cross-card check and the ceiling search both ran on the same GPU (as their results
     name it) on the same draw of the data: (the check's, the search's), in the check's path order."""
     results = results_of(source)
-    search = {(result.cell_id, result.env.device_name, result.data_draw): result for _, result in results.of(CEILINGS)
-              if result.env is not None and result.env.device_name}  # fmt: skip
-    return [Rerun(result, twin) for _, result in results.of(CROSS_CARD) if result.env is not None and result.env.device_name
-            and (twin := search.get((result.cell_id, result.env.device_name, result.data_draw))) is not None]  # fmt: skip
+    search = {(result.cell_id, device_of(result), result.data_draw): result for _, result in results.of(CEILINGS)
+              if device_of(result) != UNRECORDED}  # fmt: skip
+    return [Rerun(result, twin) for _, result in results.of(CROSS_CARD) if device_of(result) != UNRECORDED
+            and (twin := search.get((result.cell_id, device_of(result), result.data_draw))) is not None]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

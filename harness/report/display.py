@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from pandas.io.formats.style_render import CSSDict
 
-from harness.report.text import a_gpu, gpu_words
+from harness.report.text import a_gpu, card_gpu, gpu_words
 from harness.search import REFERENCE_GPU
 from harness.spec import CARDS
 
@@ -67,8 +67,7 @@ def card_heading(card: str, allocator: str = "default", gpus: Sequence[str] = ()
         return f"**Card: {card}**{allocated}"
     if profile.usable_gib is None:
         return f"**{profile.nominal_gb} GB card: the whole {REFERENCE_GPU}**, uncapped{allocated}"
-    model = card.split("-")[0].upper()
-    return (f"**{profile.nominal_gb} GB card ({model} profile)** — measured on {on} whose allocator is capped at "
+    return (f"**{profile.nominal_gb} GB card ({card_gpu(card)} profile)** — measured on {on} whose allocator is capped at "
             f"{profile.usable_gib:.2f} GiB, what PyTorch can use on such a card (see the methodology){allocated}")  # fmt: skip
 
 

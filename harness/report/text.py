@@ -157,10 +157,8 @@ def card_label(name: str, lines: bool = False) -> str:
 def card_column(name: str) -> str:
     """A card as a table's column heading, its cap left to the words above the table (:func:`caps_words`):
     '80 GB (H100)', '141 GB (whole H200)'."""
-    profile = CARDS.get(name)
-    if profile is None or profile.nominal_gb is None:
-        return name
-    return f"{profile.nominal_gb} GB ({card_gpu(name) or 'whole ' + REFERENCE_GPU})"
+    gpu = card_gpu(name)
+    return card_short(name) + (f" ({gpu})" if gpu else "")
 
 
 def caps_words(names: Sequence[str]) -> str:
