@@ -306,6 +306,67 @@ def same_bytes(one: CellResult, other: CellResult) -> bool:
     return measured(one) == measured(other)
 
 
+@dataclasses.dataclass(frozen=True)
+class RepeatSpread:
+    """How far two runs of one probe (same cell id, same GPU, same draw of the data) measured apart on one GPU:
+    the largest gap at any step both ran, allocated and reserved (MiB), and the probe and grids that gave it.
+    The most a GPU may differ from the H200 by and still measure 'the same' is what a GPU differs from itself by."""
+
+    alloc_mib: float
+    reserved_mib: float
+    probe: str
+    grids: tuple[str, str]
+    device: str
+
+
+def step_gaps(one: CellResult, other: CellResult) -> tuple[float, float] | None:
+    """The largest gap between two runs' peaks at any step both measured (allocated, reserved, MiB); None where
+    they share no step."""
+    pairs = [(one.step_peak_alloc_per_step_mib, other.step_peak_alloc_per_step_mib),
+             (one.step_peak_reserved_per_step_mib, other.step_peak_reserved_per_step_mib)]  # fmt: skip
+    if not all(min(len(a), len(b)) for a, b in pairs):
+        return None
+    alloc, reserved = (max(abs(x - y) for x, y in zip(a, b, strict=False)) for a, b in pairs)
+    return alloc, reserved
+
+
+def repeat_spreads(results: Iterable[CellResult]) -> dict[tuple[str, str], RepeatSpread]:
+    """Per (stack, backend): the widest gap between two runs of one probe on one GPU (as the results name it), on
+    the same draw, with the same outcome, over every grid — a probe run twice by two grids, or alone and beside
+    others. Where the widest is 0 MiB the runs repeat themselves to the byte. A setting with no such pair is
+    absent: a comparison across GPUs then asks for equality to the byte."""
+    runs: dict[tuple[str, str, str | None], list[CellResult]] = {}
+    for result in results:
+        device = result.env.device_name if result.env is not None else None
+        if device and result.spec.kind == "train":
+            runs.setdefault((result.cell_id, device, result.data_draw), []).append(result)
+    spreads: dict[tuple[str, str], RepeatSpread] = {}
+    for (cell_id, device, _), twins in runs.items():
+        for i, one in enumerate(twins):
+            for other in twins[i + 1:]:
+                gaps = step_gaps(one, other) if one.outcome == other.outcome else None
+                if gaps is None:
+                    continue
+                key = (one.spec.stack, one.spec.variant)
+                known = spreads.get(key)
+                if known is None or gaps > (known.alloc_mib, known.reserved_mib):
+                    spreads[key] = RepeatSpread(gaps[0], gaps[1], cell_id, (str(one.grid), str(other.grid)), device)
+    return spreads
+
+
+def within_repeat(one: CellResult, other: CellResult, spread: RepeatSpread | None) -> bool:
+    """Whether two runs of a probe on two GPUs measured the same: the same outcome and steps, and every step's
+    peaks equal to the byte, or apart by no more than the same setting's runs on one GPU (``spread``)."""
+    if same_bytes(one, other):
+        return True
+    gaps = step_gaps(one, other)
+    if spread is None or gaps is None or one.outcome != other.outcome:
+        return False
+    steps = (len(one.step_peak_alloc_per_step_mib), len(one.step_peak_reserved_per_step_mib))
+    return (steps == (len(other.step_peak_alloc_per_step_mib), len(other.step_peak_reserved_per_step_mib))
+            and gaps[0] <= spread.alloc_mib and gaps[1] <= spread.reserved_mib)  # fmt: skip
+
+
 def cross_card_pairs(results: Iterable[CellResult]) -> list[tuple[CellResult, CellResult | None]]:
     """Each probe of the cross-card check whose result names its GPU, beside the same probe (same cell
     id) from an H200 in the ``ceilings`` grid that trained on the same draw of the data (None where that
@@ -328,17 +389,21 @@ def vouched_devices(results_dir: Path, grid_file: Path) -> frozenset[str]:
     """The GPUs the cross-card check (``grid_file``, its results under ``results_dir``) vouches for:
     every one of its searches finished on that GPU, each has a probe there with a twin (the same probe,
     same cell id and data draw, from an H200 in the ``ceilings`` grid), and every such pair gave the same
-    outcome and every step's peaks. A probe without a twin on its draw compares nothing and is left out."""
+    outcome and every step's peaks — to the byte, or no further apart than two runs of the same stack and
+    backend on one GPU ever measured (:func:`repeat_spreads`). A probe without a twin on its draw compares
+    nothing and is left out."""
     if not grid_file.exists():
         return frozenset()
     results, _ = read_results(results_dir)
     searches = load_searches(grid_file)
+    spreads = repeat_spreads(result for _, result in results)
     same: dict[str, list[bool]] = {}
     paired: dict[str, set[CeilingSearch]] = {}
     for result, twin in cross_card_pairs(result for _, result in results):
         assert result.env is not None and result.env.device_name  # (cross_card_pairs keeps only those)
         if twin is not None:
-            same.setdefault(result.env.device_name, []).append(same_bytes(result, twin))
+            spread = spreads.get((result.spec.stack, result.spec.variant))
+            same.setdefault(result.env.device_name, []).append(within_repeat(result, twin, spread))
             paired.setdefault(result.env.device_name, set()).update(s for s in searches if s.owns(result.spec))
     finished = all(search_state(search, results_dir)[0].done for search in searches)
     return frozenset(device for device, equal in same.items() if finished and all(equal)

@@ -415,6 +415,24 @@ def test_every_gpu_result_ran_on_the_gpu_the_card_labels_name():
                 and result.env.device_name in capped.vouched]  # type: ignore[union-attr]  # fmt: skip
     for gpu in {result.env.device_name for result in admitted}:  # type: ignore[union-attr]
         assert f"on an {text.gpu_words(str(gpu))}, which the cross-card check vouches for" in words
+    # a cell of a stack page timed on another GPU: its step-time row names that GPU, and speeds compare one GPU's times
+    cells, _ = data.load(data.read())
+    for result in on_gpu:
+        device = str(result.env.device_name)  # type: ignore[union-attr]
+        if "H200" in device or result.grid in (data.CEILINGS, data.CROSS_CARD, data.LONG_RUN):
+            continue
+        mine = cells[(cells["grid"] == result.grid) & (cells["cell_id"] == result.cell_id)]
+        peers = cells[(cells["stack"] == result.spec.stack) & (cells["regime"] == result.spec.regime)
+                      & (cells["card"] == result.spec.card)]  # the table this cell's time sits in  # fmt: skip
+        table = tables.step_time_table(peers)
+        if not tables.timed(mine).empty:
+            rows = table[(table["batch"] == result.spec.batch_size) & (table["GPU"] == text.gpu_words(device))]
+            assert len(rows) == 1, (result.cell_id, table)
+            vanilla = tables.timed(peers[(peers["batch_size"] == result.spec.batch_size) & (peers["backend"] == "vanilla")
+                                         & (peers["device_name"] == device)])  # fmt: skip
+            unmatched = result.spec.variant == "vanilla" or vanilla.empty
+            assert (rows["speed vs vanilla (95% interval)"].iloc[0] == "") == unmatched
+            named.add((result.grid, result.cell_id))
     left = {(result.grid, result.cell_id) for result in admitted} | named
     ran_on = Counter(result.env.device_name for result in on_gpu  # type: ignore[union-attr]
                      if (result.grid, result.cell_id) not in left and result.grid != data.CROSS_CARD)  # fmt: skip

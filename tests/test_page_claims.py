@@ -43,6 +43,9 @@ def test_the_vanilla_grid_grows_with_the_square_of_the_batch_and_the_fused_kerne
         factor = plots.doubling_factors(footprint.index.to_numpy(float), footprint.to_numpy(float))
         grid = group.groupby("batch_size")["predicted_grid_mib"].max()
         where = f"{stack} · {regime} on {card}, {backend}"
+        if regime == "gradcache":  # pylate-gradcache.md: one chunk of queries against every document, linear in B
+            assert backend != "vanilla" or 1.8 <= factor <= 2.2, f"{where}: ×{factor:.2f} per doubling, not linear in B"
+            continue
         if backend == "vanilla":
             assert 3.5 <= factor <= 4.6, f"{where}: ×{factor:.2f} per doubling, not the B² of a grid"
         elif backend in ("lik", "flash"):

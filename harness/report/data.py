@@ -37,13 +37,17 @@ from harness.search import (
     Ceiling,
     CeilingSearch,
     Probes,
+    RepeatSpread,
     cross_card_pairs,
     earlier_draw,
     load_searches,
     reference_probes,
+    repeat_spreads,
     same_bytes,
     search_state,
+    step_gaps,
     vouched_devices,
+    within_repeat,
 )
 from harness.search import CROSS_CARD_GRID as CROSS_CARD_GRID  # (the pages read it here)
 from harness.spec import CARDS, TrainSpec, differences
@@ -678,6 +682,7 @@ class CardCheck:
 
     other: CellResult
     h200: CellResult
+    spread: RepeatSpread | None = None  # two runs of this stack and backend on one GPU: how far apart they measured
 
     @property
     def probe(self) -> str:
@@ -693,16 +698,16 @@ class CardCheck:
         """The same outcome, and every step's allocated and reserved peaks equal to the byte."""
         return same_bytes(self.other, self.h200)
 
+    @property
+    def matches(self) -> bool:
+        """The same outcome and steps, every step's peaks equal to the byte or apart by no more than two runs of
+        the same stack and backend on one GPU (:attr:`spread`): what the check asks of the GPU it vouches for."""
+        return within_repeat(self.other, self.h200, self.spread)
+
     def largest_gap_mib(self) -> tuple[float, float] | None:
         """The largest difference between the two runs' peaks at any step both measured (allocated,
         reserved, MiB); None where they share no step."""
-        pairs = [(list(a), list(b)) for a, b in (
-            (self.other.step_peak_alloc_per_step_mib, self.h200.step_peak_alloc_per_step_mib),
-            (self.other.step_peak_reserved_per_step_mib, self.h200.step_peak_reserved_per_step_mib))]  # fmt: skip
-        if not all(min(len(a), len(b)) for a, b in pairs):
-            return None
-        alloc, reserved = (max(abs(x - y) for x, y in zip(a, b, strict=False)) for a, b in pairs)
-        return alloc, reserved
+        return step_gaps(self.other, self.h200)
 
 
 def cross_card_checks(source: Source = None) -> list[CardCheck]:
@@ -710,7 +715,9 @@ def cross_card_checks(source: Source = None) -> list[CardCheck]:
     on the same draw of the data, in path order."""
     results = results_of(source)
     pairs = cross_card_pairs(result for _, result in results.of(CEILINGS, CROSS_CARD))
-    return [CardCheck(result, twin) for result, twin in pairs if twin is not None]
+    spreads = repeat_spreads(result for _, result in results.found)
+    return [CardCheck(result, twin, spreads.get((result.spec.stack, result.spec.variant)))
+            for result, twin in pairs if twin is not None]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

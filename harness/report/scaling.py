@@ -652,7 +652,7 @@ def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow]
 
 
 def against_checkpointing(cells: pd.DataFrame, noise: timing.RunNoise | None = None) -> str:
-    """GradCache's step time beside gradient checkpointing's at the same batch, backend and card,
+    """GradCache's step time beside gradient checkpointing's at the same batch, backend, card and GPU,
     for every pair timed alone, in words (empty where none is); a ratio inside the wider of the two
     regimes' run-to-run noise (``noise``) reads no difference."""
     if cells.empty:
@@ -662,10 +662,10 @@ def against_checkpointing(cells: pd.DataFrame, noise: timing.RunNoise | None = N
     timed = tables.timed(cells)
     timed = timed[(timed["stack"] == "pylate") & (timed["allocator"] == "default")]
     cached = timed[timed["regime"] == GRADCACHE]
-    checkpointed = timed[timed["regime"] == "grad-checkpoint"].set_index(["batch_size", "backend", "card"])
+    checkpointed = timed[timed["regime"] == "grad-checkpoint"].set_index(["batch_size", "backend", "card", "device_name"])
     parts = []
     for _, row in cached.iterrows():
-        key = (row["batch_size"], row["backend"], row["card"])
+        key = (row["batch_size"], row["backend"], row["card"], row["device_name"])  # times of one GPU
         if key not in checkpointed.index:
             continue
         other = checkpointed.loc[[key]].iloc[0]

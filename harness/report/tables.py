@@ -42,6 +42,7 @@ from harness.report.text import (
     signed,
 )
 from harness.results import Skipped
+from harness.search import REFERENCE_GPU
 
 # ---- a stack page's cells ------------------------------------------------------------------------
 
@@ -179,20 +180,25 @@ def step_time_table(cells: pd.DataFrame, noise: timing.RunNoise | None = None) -
     samples/s, the speed relative to vanilla at the same batch with its bootstrap 95% interval (with
     ``noise``, the run-to-run noise: no difference where the interval reaches into 1 ± the regime's
     noise, :meth:`harness.report.timing.Ratio.beyond`), and what
-    autotuning cost (the first step, and later steps that tuned again)."""
+    autotuning cost (the first step, and later steps that tuned again). A speed compares times of one GPU; where a
+    time is of a GPU other than the H200, every row names its GPU."""
     ok = timed(cells)
     if ok.empty:
         return pd.DataFrame()
-    vanilla = {row["batch_size"]: row["steady_times_sec"] for _, row in ok[ok["backend"] == "vanilla"].iterrows()}
+    names = ok["device_name"] if "device_name" in ok else pd.Series(None, index=ok.index)
+    gpu = {i: str(name) if isinstance(name, str) else "" for i, name in names.items()}
+    vanilla = {(row["batch_size"], gpu[i]): row["steady_times_sec"] for i, row in ok[ok["backend"] == "vanilla"].iterrows()}
+    elsewhere = any(name and REFERENCE_GPU not in name for name in gpu.values())  # a time of another GPU: every row names its GPU
     rows = []
     rank = {backend: k for k, backend in enumerate(style.in_order(ok["backend"]))}
-    for _, row in ok.sort_values(["batch_size", "backend"], key=lambda c: c.map(rank) if c.name == "backend" else c).iterrows():
-        base = vanilla.get(row["batch_size"])
+    for i, row in ok.sort_values(["batch_size", "backend"], key=lambda c: c.map(rank) if c.name == "backend" else c).iterrows():
+        base = vanilla.get((row["batch_size"], gpu[i]))  # a speed compares times of one GPU
         speed = "" if row["backend"] == "vanilla" or base is None else timing.ratio_words(
             timing.ratio(base, row["steady_times_sec"]),
             noise=None if noise is None else noise.of(str(row["stack"]), str(row["regime"])), compact=True)
         rows.append({
             "batch": row["batch_size"], "backend": nowrap(row["backend"]),
+            **({"GPU": gpu_words(gpu[i]) if gpu[i] else "not recorded"} if elsewhere else {}),
             "s / step (p10–p90)": nowrap(median_spread(row["steady_step_time_sec"], row["steady_step_p10_sec"],
                                                        row["steady_step_p90_sec"], "\u2011")),
             "samples / s": sig(row["samples_per_sec"]),
@@ -547,8 +553,9 @@ def sharing_check(checks: Sequence[SharedCheck]) -> pd.DataFrame:
 
 def card_check(checks: Sequence[CardCheck]) -> pd.DataFrame:
     """Ceiling probes run again under the same cap on another GPU beside the same probes from an H200:
-    outcome and peaks side by side, the largest gap at any step, and whether every step is the same
-    to the byte. No step times: the probes shared their GPUs."""
+    outcome and peaks side by side, the largest gap at any step, and whether every step is the same to the byte
+    or within what two runs of the same stack and backend on one GPU measured apart (MiB allocated · reserved).
+    No step times: the probes shared their GPUs."""
     rows = []
     for check in checks:
         h200, other = check.h200, check.other
@@ -560,7 +567,9 @@ def card_check(checks: Sequence[CardCheck]) -> pd.DataFrame:
             "peak reserved MiB H200 · other": _side_by_side(h200.step_peak_reserved_mib, other.step_peak_reserved_mib, ".0f"),
             "largest gap at a step, MiB (alloc · reserved)":
                 "no step both finished" if gap is None else f"{gap[0]:.0f} · {gap[1]:.0f}",
-            "identical": "yes" if check.identical else "no",
+            "same as the H200": "to the byte" if check.identical else (
+                f"within a repeat ({check.spread.alloc_mib:.1f} · {check.spread.reserved_mib:.0f})"
+                if check.matches and check.spread is not None else "no"),
         })  # fmt: skip
     return pd.DataFrame(rows)
 
