@@ -482,7 +482,7 @@ def load_results(
     scalar measurements, ``fragmentation_mib`` (reserved − allocated at the step peak) and its
     growth across steps, the largest isolated op total and a ``path`` column.
     ``level="calls"``: one row per recorded MaxSim call, in train and isolated (column ``kind``
-    becomes ``call_kind``), with the cell's identifying fields repeated. ``strict``: a file that
+    becomes ``call_kind``), with the cell's identifying fields and GPU (``device_name``) repeated. ``strict``: a file that
     cannot be used raises :class:`ResultError` naming it; otherwise it is left out (see
     :func:`read_results` for the list).
     """
@@ -501,9 +501,10 @@ def frame_of(results: Iterable[tuple[Path, CellResult]], level: Literal["cells",
         if level == "cells":
             rows.append(cell | _cell_summary(result))
             continue
+        device = None if result.env is None else result.env.device_name  # the GPU its cell ran on, for a card's heading
         for kind, calls in (("in_train", result.maxsim_calls_in_train), ("isolated", result.maxsim_calls_isolated)):
             for call in calls:
-                rows.append(cell | {"call_kind": kind} | call.model_dump())
+                rows.append(cell | {"call_kind": kind, "device_name": device} | call.model_dump())
     frame = pd.DataFrame(rows)
     if frame.empty:
         frame = pd.DataFrame(columns=_CELL_COLUMNS + ["path"])

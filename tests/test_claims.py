@@ -426,7 +426,7 @@ def test_every_gpu_result_ran_on_the_gpu_the_card_labels_name():
                       & (cells["card"] == result.spec.card)]  # the table this cell's time sits in  # fmt: skip
         table = tables.step_time_table(peers)
         if not tables.timed(mine).empty:
-            rows = table[(table["batch"] == result.spec.batch_size) & (table["GPU"] == text.gpu_words(device))]
+            rows = table[(table["batch"] == result.spec.batch_size) & (table["GPU"] == text.nowrap(text.gpu_words(device)))]
             assert len(rows) == 1, (result.cell_id, table)
             vanilla = tables.timed(peers[(peers["batch_size"] == result.spec.batch_size) & (peers["backend"] == "vanilla")
                                          & (peers["device_name"] == device)])  # fmt: skip
