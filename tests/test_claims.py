@@ -415,7 +415,8 @@ def test_every_gpu_result_ran_on_the_gpu_the_card_labels_name():
                 and result.env.device_name in capped.vouched]  # type: ignore[union-attr]  # fmt: skip
     for gpu in {result.env.device_name for result in admitted}:  # type: ignore[union-attr]
         assert f"on an {text.gpu_words(str(gpu))}, which the cross-card check vouches for" in words
-    # a cell of a stack page timed on another GPU: its step-time row names that GPU, and speeds compare one GPU's times
+    # a cell of a stack page timed on another GPU: its step-time row names that GPU (its model; the card's heading names
+    # it in full), and speeds compare one GPU's times
     cells, _ = data.load(data.read())
     for result in on_gpu:
         device = str(result.env.device_name)  # type: ignore[union-attr]
@@ -426,7 +427,7 @@ def test_every_gpu_result_ran_on_the_gpu_the_card_labels_name():
                       & (cells["card"] == result.spec.card)]  # the table this cell's time sits in  # fmt: skip
         table = tables.step_time_table(peers)
         if not tables.timed(mine).empty:
-            rows = table[(table["batch"] == result.spec.batch_size) & (table["GPU"] == text.nowrap(text.gpu_words(device)))]
+            rows = table[(table["batch"] == result.spec.batch_size) & (table["GPU"] == text.gpu_short(device))]
             assert len(rows) == 1, (result.cell_id, table)
             vanilla = tables.timed(peers[(peers["batch_size"] == result.spec.batch_size) & (peers["backend"] == "vanilla")
                                          & (peers["device_name"] == device)])  # fmt: skip

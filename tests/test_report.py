@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from harness.report import data, plots, prose, style, tables, text, timing
-from harness.results import Timing, write_result
+from harness.results import Timing, load_result, write_result
 from test_book import ROOT, committed_book
 from test_results import make_call, make_result, on_draw, on_gpu
 
@@ -776,3 +776,26 @@ def test_the_check_says_which_settings_it_compared_and_which_probes_did_not_repe
         "of memory at step 4 in the search's: the same GPU did not repeat it to the byte.")  # fmt: skip
     monkeypatch.setattr(data, "vouched_devices", lambda *_: frozenset())
     assert prose.vouch_scope_reading(data.vouch_scope(tmp_path), reruns) == ""
+
+
+def test_a_step_time_of_another_gpu_names_its_model_in_its_row_and_compares_only_with_that_gpu(tmp_path):
+    """A step-time table holding a time of a GPU other than the H200 names every row's GPU by its model (the card's
+    heading names it in full), and a backend's speed is its time against vanilla's on the same GPU, never across."""
+    from harness.report.text import gpu_short
+
+    assert [gpu_short(name) for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA GeForce RTX 4090", "NVIDIA L40S")] == [
+        "H100", "H200", "RTX\u00a04090", "L40S"]  # fmt: skip
+    steady = [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.0]
+    for variant, gpu, scale in (("vanilla", "NVIDIA H200", 1.0), ("lik", "NVIDIA H100 80GB HBM3", 0.5)):
+        result = make_result(grid="ours", batch_size=8, variant=variant, step_times_sec=[5.0] + [t * scale for t in steady],
+                             steady_steps=list(range(1, 9)), steady_step_time_sec=scale, samples_per_sec=8 / scale,
+                             timing=TIMED)  # fmt: skip
+        write_result(on_gpu(result, gpu), tmp_path / f"{variant}.json")
+    cells, _ = data.load(tmp_path)
+    table = tables.step_time_table(cells)
+    assert len(table) == 2  # both timed under the timing rule
+    assert table.set_index("backend")["GPU"].to_dict() == {"vanilla": "H200", "lik": "H100"}
+    assert table.set_index("backend")["speed vs vanilla (95% interval)"]["lik"] == ""  # vanilla ran on another GPU
+    write_result(on_gpu(load_result(tmp_path / "vanilla.json"), "NVIDIA H100 80GB HBM3"), tmp_path / "vanilla.json")
+    table = tables.step_time_table(data.load(tmp_path)[0]).set_index("backend")
+    assert "GPU" in table and table["speed vs vanilla (95% interval)"]["lik"].startswith("2")  # one GPU: 2× faster

@@ -30,6 +30,7 @@ from harness.report.text import (
     ceiling_entry,
     cell_words,
     failed_request,
+    gpu_short,
     gpu_words,
     mib,
     missing,
@@ -198,7 +199,7 @@ def step_time_table(cells: pd.DataFrame, noise: timing.RunNoise | None = None) -
             noise=None if noise is None else noise.of(str(row["stack"]), str(row["regime"])), compact=True)
         rows.append({
             "batch": row["batch_size"], "backend": nowrap(row["backend"]),
-            **({"GPU": nowrap(gpu_words(gpu[i])) if gpu[i] else "not recorded"} if elsewhere else {}),
+            **({"GPU": gpu_short(gpu[i]) if gpu[i] else "not recorded"} if elsewhere else {}),
             "s / step (p10–p90)": nowrap(median_spread(row["steady_step_time_sec"], row["steady_step_p10_sec"],
                                                        row["steady_step_p90_sec"], "\u2011")),
             "samples / s": sig(row["samples_per_sec"]),

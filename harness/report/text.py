@@ -196,6 +196,18 @@ def gpu_words(name: str) -> str:
     return name.removeprefix("NVIDIA ")
 
 
+def gpu_short(name: str) -> str:
+    """A GPU in a table column, its model alone (the card's heading names it in full): the first word that holds
+    a digit, after a series in capitals ('NVIDIA H100 80GB HBM3' → 'H100', 'NVIDIA GeForce RTX 4090' →
+    'RTX\u00a04090'), else the first word."""
+    words = gpu_words(name).split()
+    at = next((k for k, word in enumerate(words) if any(c.isdigit() for c in word)), None)
+    if at is None:
+        return words[0] if words else name
+    series = at > 0 and words[at - 1].isupper() and words[at - 1].isalpha()
+    return nowrap(" ".join(words[at - 1:at + 1])) if series else words[at]
+
+
 def a_gpu(name: str) -> str:
     """A GPU after its article, as said aloud: 'an H100 80GB HBM3', 'an A100', 'a GeForce RTX 4090', 'a B200'
     (a leading letter read by its name — A, E, F, H, I, L, M, N, O, R, S, X — takes 'an')."""
