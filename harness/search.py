@@ -330,6 +330,11 @@ def step_gaps(one: CellResult, other: CellResult) -> tuple[float, float] | None:
     return alloc, reserved
 
 
+def repeat_setting(result: CellResult) -> tuple[str, str]:
+    """The setting whose runs on one GPU bound how far a probe may differ on another: (stack, backend)."""
+    return result.spec.stack, result.spec.variant
+
+
 def repeat_spreads(results: Iterable[CellResult]) -> dict[tuple[str, str], RepeatSpread]:
     """Per (stack, backend): the widest gap between two runs of one probe on one GPU (as the results name it), on
     the same draw, with the same outcome, over every grid — a probe run twice by two grids, or alone and beside
@@ -347,7 +352,7 @@ def repeat_spreads(results: Iterable[CellResult]) -> dict[tuple[str, str], Repea
                 gaps = step_gaps(one, other) if one.outcome == other.outcome else None
                 if gaps is None:
                     continue
-                key = (one.spec.stack, one.spec.variant)
+                key = repeat_setting(one)
                 known = spreads.get(key)
                 if known is None or gaps > (known.alloc_mib, known.reserved_mib):
                     spreads[key] = RepeatSpread(gaps[0], gaps[1], cell_id, (str(one.grid), str(other.grid)), device)
@@ -362,9 +367,10 @@ def within_repeat(one: CellResult, other: CellResult, spread: RepeatSpread | Non
     gaps = step_gaps(one, other)
     if spread is None or gaps is None or one.outcome != other.outcome:
         return False
-    steps = (len(one.step_peak_alloc_per_step_mib), len(one.step_peak_reserved_per_step_mib))
-    return (steps == (len(other.step_peak_alloc_per_step_mib), len(other.step_peak_reserved_per_step_mib))
-            and gaps[0] <= spread.alloc_mib and gaps[1] <= spread.reserved_mib)  # fmt: skip
+    def steps(result: CellResult) -> tuple[int, int]:
+        return len(result.step_peak_alloc_per_step_mib), len(result.step_peak_reserved_per_step_mib)
+
+    return steps(one) == steps(other) and gaps[0] <= spread.alloc_mib and gaps[1] <= spread.reserved_mib
 
 
 def cross_card_pairs(results: Iterable[CellResult]) -> list[tuple[CellResult, CellResult | None]]:
@@ -402,7 +408,7 @@ def vouched_devices(results_dir: Path, grid_file: Path) -> frozenset[str]:
     for result, twin in cross_card_pairs(result for _, result in results):
         assert result.env is not None and result.env.device_name  # (cross_card_pairs keeps only those)
         if twin is not None:
-            spread = spreads.get((result.spec.stack, result.spec.variant))
+            spread = spreads.get(repeat_setting(result))
             same.setdefault(result.env.device_name, []).append(within_repeat(result, twin, spread))
             paired.setdefault(result.env.device_name, set()).update(s for s in searches if s.owns(result.spec))
     finished = all(search_state(search, results_dir)[0].done for search in searches)

@@ -42,6 +42,7 @@ from harness.search import (
     earlier_draw,
     load_searches,
     reference_probes,
+    repeat_setting,
     repeat_spreads,
     same_bytes,
     search_state,
@@ -716,8 +717,7 @@ def cross_card_checks(source: Source = None) -> list[CardCheck]:
     results = results_of(source)
     pairs = cross_card_pairs(result for _, result in results.of(CEILINGS, CROSS_CARD))
     spreads = repeat_spreads(result for _, result in results.found)
-    return [CardCheck(result, twin, spreads.get((result.spec.stack, result.spec.variant)))
-            for result, twin in pairs if twin is not None]  # fmt: skip
+    return [CardCheck(result, twin, spreads.get(repeat_setting(result))) for result, twin in pairs if twin is not None]
 
 
 @dataclasses.dataclass(frozen=True)

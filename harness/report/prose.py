@@ -371,16 +371,16 @@ def _same_draw_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, 
     if matched == len(checks):
         checked = sorted({check.device for check in checks})
         yes, no = [gpu_words(d) for d in checked if d in vouched], [gpu_words(d) for d in checked if d not in vouched]
-        admitted = (f": the check vouches for the {joined(yes)}, so the capped searches take probes from "
-                    f"{'it' if len(yes) == 1 else 'them'} too" if yes else "")  # fmt: skip
-        if no:
-            admitted += ((". Until" if not yes else "; until") + " the check has finished each of its searches on the "
-                         f"{joined(no)}, with such a twin for each, the capped searches take no probe from "
-                         f"{'it' if len(no) == 1 else 'them'}")  # fmt: skip
-        if same == len(checks):
+        vouches = (f"the check vouches for the {joined(yes)}, so the capped searches take probes from "
+                   f"{'it' if len(yes) == 1 else 'them'} too" if yes else "")  # fmt: skip
+        waits = (f"until the check has finished each of its searches on the {joined(no)}, with such a twin for each, the "
+                 f"capped searches take no probe from {'it' if len(no) == 1 else 'them'}" if no else "")  # fmt: skip
+        if same == len(checks):  # the verdict follows its sentence: '…as on the H200: the check vouches…; until…'
+            admitted = f": {vouches}" if vouches else ""
+            if waits:
+                admitted += f"; {waits}" if vouches else f". {waits[0].upper()}{waits[1:]}"
             return f"{text} gave the same outcome and the same peaks to the byte, step by step, as on the H200{admitted}.".strip()
-        after = (f". {admitted[2].upper()}{admitted[3:]}" if admitted.startswith(": ")
-                 else admitted.replace("; until", ". Until", 1))  # fmt: skip
+        after = "".join(f". {clause[0].upper()}{clause[1:]}" for clause in (vouches, waits) if clause)  # sentences of their own
         differ = _within_repeat_words([check for check in checks if not check.identical], some_same=same > 0)
         peaks = f", and the same peaks to the byte, step by step, for {same} of them" if same else ""
         return f"{text} gave the same outcome as on the H200{peaks}; {differ}{after}.".strip()
