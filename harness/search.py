@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.grid import GRIDS_DIR, build_grid
 from harness.results import CellResult, read_results
-from harness.spec import STACKS, TrainSpec, admits, make_spec
+from harness.spec import STACKS, TrainSpec, admits, differences, make_spec
 
 MIN_STEPS = 8
 CURRENT_DRAW = "stream"  # the draw of the synthetic data cells train on now: one stream per seed
@@ -306,28 +306,56 @@ def same_bytes(one: CellResult, other: CellResult) -> bool:
     return measured(one) == measured(other)
 
 
+# A step that tuned a kernel (its first call's search) is held to the repeats of such steps, every other step to
+# the repeats of steps that tuned none: a fused kernel's autotuning allocates differently run to run (PyLate lik's
+# B = 128 probe, run twice on one H200, 48.7 MiB apart at its tuning step and equal to the byte after it), and a
+# gap there must not license one as wide at a steady step.
+AUTOTUNE, STEADY = "autotune", "steady"
+# Two runs of one cell id are runs of one probe where their specs differ at most in how long they train: a traced
+# run (grids/parity.yaml, ``trace``) keeps more per step, so it repeats nothing.
+RUN_LENGTH = frozenset({"steps", "min_steady_steps"})
+
+
 @dataclasses.dataclass(frozen=True)
 class RepeatSpread:
     """How far two runs of one probe (same cell id, same GPU, same draw of the data) measured apart on one GPU:
-    the largest gap at any step both ran, allocated and reserved (MiB), and the probe and grids that gave it.
-    The most a GPU may differ from the H200 by and still measure 'the same' is what a GPU differs from itself by."""
+    the largest gap at any step of one phase both ran (``autotune``: a step that tuned a kernel; ``steady``: one
+    that tuned none), allocated and reserved (MiB), and the probe and grids that gave it. The most a GPU may
+    differ from the H200 by and still measure 'the same' is what a GPU differs from itself by."""
 
     alloc_mib: float
     reserved_mib: float
     probe: str
     grids: tuple[str, str]
     device: str
+    phase: str = STEADY
+
+
+def phase_gaps(one: CellResult, other: CellResult) -> dict[str, tuple[float, float]] | None:
+    """The largest gap between two runs' peaks (allocated, reserved, MiB) at the steps both measured, per phase:
+    ``autotune`` at a step where either run tuned a kernel, ``steady`` at the others; None where they share no
+    step."""
+    series = (one.step_peak_alloc_per_step_mib, other.step_peak_alloc_per_step_mib,
+              one.step_peak_reserved_per_step_mib, other.step_peak_reserved_per_step_mib)  # fmt: skip
+    if not min(len(values) for values in series):
+        return None
+    tuned = set(one.autotune_steps) | set(other.autotune_steps)
+    gaps: dict[str, tuple[float, float]] = {}
+    alloc_steps = zip(series[0], series[1], strict=False)
+    for step, ((a, b), (c, d)) in enumerate(zip(alloc_steps, zip(series[2], series[3], strict=False), strict=False)):
+        phase = AUTOTUNE if step in tuned else STEADY
+        known = gaps.get(phase, (0.0, 0.0))
+        gaps[phase] = (max(known[0], abs(a - b)), max(known[1], abs(c - d)))
+    return gaps
 
 
 def step_gaps(one: CellResult, other: CellResult) -> tuple[float, float] | None:
     """The largest gap between two runs' peaks at any step both measured (allocated, reserved, MiB); None where
     they share no step."""
-    pairs = [(one.step_peak_alloc_per_step_mib, other.step_peak_alloc_per_step_mib),
-             (one.step_peak_reserved_per_step_mib, other.step_peak_reserved_per_step_mib)]  # fmt: skip
-    if not all(min(len(a), len(b)) for a, b in pairs):
+    gaps = phase_gaps(one, other)
+    if gaps is None:
         return None
-    alloc, reserved = (max(abs(x - y) for x, y in zip(a, b, strict=False)) for a, b in pairs)
-    return alloc, reserved
+    return max(alloc for alloc, _ in gaps.values()), max(reserved for _, reserved in gaps.values())
 
 
 def repeat_setting(result: CellResult) -> tuple[str, str]:
@@ -335,42 +363,61 @@ def repeat_setting(result: CellResult) -> tuple[str, str]:
     return result.spec.stack, result.spec.variant
 
 
-def repeat_spreads(results: Iterable[CellResult]) -> dict[tuple[str, str], RepeatSpread]:
-    """Per (stack, backend): the widest gap between two runs of one probe on one GPU (as the results name it), on
-    the same draw, with the same outcome, over every grid — a probe run twice by two grids, or alone and beside
-    others. Where the widest is 0 MiB the runs repeat themselves to the byte. A setting with no such pair is
-    absent: a comparison across GPUs then asks for equality to the byte."""
+def repeat_spreads(results: Iterable[CellResult]) -> dict[tuple[str, str, str], RepeatSpread]:
+    """Per (stack, backend, phase): the widest gap between two runs of one probe on one GPU (as the results name
+    it), on the same draw, with the same outcome and a spec that differs at most in its length (:data:`RUN_LENGTH`),
+    over every grid — a probe run twice by two grids, or alone and beside others — at its steps of that phase (:func:`phase_gaps`). Where the widest is 0 MiB the runs repeat
+    themselves to the byte. A setting and phase with no such pair is absent: a comparison across GPUs then asks
+    for equality to the byte at those steps."""
     runs: dict[tuple[str, str, str | None], list[CellResult]] = {}
     for result in results:
         device = result.env.device_name if result.env is not None else None
         if device and result.spec.kind == "train":
             runs.setdefault((result.cell_id, device, result.data_draw), []).append(result)
-    spreads: dict[tuple[str, str], RepeatSpread] = {}
+    spreads: dict[tuple[str, str, str], RepeatSpread] = {}
     for (cell_id, device, _), twins in runs.items():
         for i, one in enumerate(twins):
             for other in twins[i + 1:]:
-                gaps = step_gaps(one, other) if one.outcome == other.outcome else None
-                if gaps is None:
-                    continue
-                key = repeat_setting(one)
-                known = spreads.get(key)
-                if known is None or gaps > (known.alloc_mib, known.reserved_mib):
-                    spreads[key] = RepeatSpread(gaps[0], gaps[1], cell_id, (str(one.grid), str(other.grid)), device)
+                same_probe = one.outcome == other.outcome and set(differences(one.spec, other.spec)) <= RUN_LENGTH
+                for phase, gap in ((phase_gaps(one, other) if same_probe else None) or {}).items():
+                    key = (*repeat_setting(one), phase)
+                    known = spreads.get(key)
+                    if known is None or gap > (known.alloc_mib, known.reserved_mib):
+                        spreads[key] = RepeatSpread(gap[0], gap[1], cell_id, (str(one.grid), str(other.grid)), device, phase)
     return spreads
 
 
-def within_repeat(one: CellResult, other: CellResult, spread: RepeatSpread | None) -> bool:
+def spreads_of(spreads: Mapping[tuple[str, str, str], RepeatSpread], result: CellResult) -> dict[str, RepeatSpread]:
+    """The repeat spreads of ``result``'s setting, by phase (from :func:`repeat_spreads`)."""
+    stack, backend = repeat_setting(result)
+    return {phase: spreads[(stack, backend, phase)] for phase in (AUTOTUNE, STEADY) if (stack, backend, phase) in spreads}
+
+
+def bounding_spreads(one: CellResult, other: CellResult, spreads: Mapping[str, RepeatSpread]) -> list[RepeatSpread]:
+    """The spreads (by phase, :func:`spreads_of`) that the phases where two runs differ are held to."""
+    gaps = phase_gaps(one, other) or {}
+    return [spreads[phase] for phase, gap in gaps.items() if gap != (0.0, 0.0) and phase in spreads]
+
+
+def within_repeat(one: CellResult, other: CellResult, spreads: Mapping[str, RepeatSpread]) -> bool:
     """Whether two runs of a probe on two GPUs measured the same: the same outcome and steps, and every step's
-    peaks equal to the byte, or apart by no more than the same setting's runs on one GPU (``spread``)."""
+    peaks equal to the byte, or apart by no more than the same setting's runs on one GPU at steps of the same
+    phase (``spreads``, by phase: :func:`spreads_of`)."""
     if same_bytes(one, other):
         return True
-    gaps = step_gaps(one, other)
-    if spread is None or gaps is None or one.outcome != other.outcome:
+    gaps = phase_gaps(one, other)
+    if gaps is None or one.outcome != other.outcome:
         return False
     def steps(result: CellResult) -> tuple[int, int]:
         return len(result.step_peak_alloc_per_step_mib), len(result.step_peak_reserved_per_step_mib)
 
-    return steps(one) == steps(other) and gaps[0] <= spread.alloc_mib and gaps[1] <= spread.reserved_mib
+    if steps(one) != steps(other):
+        return False
+    for phase, (alloc, reserved) in gaps.items():
+        spread = spreads.get(phase)
+        if (alloc, reserved) != (0.0, 0.0) and (spread is None or alloc > spread.alloc_mib or reserved > spread.reserved_mib):
+            return False
+    return True
 
 
 def cross_card_pairs(results: Iterable[CellResult]) -> list[tuple[CellResult, CellResult | None]]:
@@ -408,8 +455,7 @@ def vouched_devices(results_dir: Path, grid_file: Path) -> frozenset[str]:
     for result, twin in cross_card_pairs(result for _, result in results):
         assert result.env is not None and result.env.device_name  # (cross_card_pairs keeps only those)
         if twin is not None:
-            spread = spreads.get(repeat_setting(result))
-            same.setdefault(result.env.device_name, []).append(within_repeat(result, twin, spread))
+            same.setdefault(result.env.device_name, []).append(within_repeat(result, twin, spreads_of(spreads, result)))
             paired.setdefault(result.env.device_name, set()).update(s for s in searches if s.owns(result.spec))
     finished = all(search_state(search, results_dir)[0].done for search in searches)
     return frozenset(device for device, equal in same.items() if finished and all(equal)

@@ -351,27 +351,68 @@ def test_a_cross_card_gap_within_what_one_gpu_repeats_counts_as_the_same(tmp_pat
                                         step_peak_reserved_per_step_mib=[64.0, 64.0]), h200),
                      tmp_path / name / "b4.json")  # fmt: skip
     check, vouched = verdict()
-    assert (check.spread.alloc_mib, check.spread.reserved_mib, check.spread.grids) == (0.5, 0.0, ("published", "repeat"))
+    (spread,) = check.spreads.values()  # its runs tuned no kernel: a steady spread only
+    assert (spread.alloc_mib, spread.reserved_mib, spread.grids, spread.phase) == (0.5, 0.0, ("published", "repeat"), "steady")
     assert not check.matches and vouched == frozenset()
     wider = make_result(grid="repeat", batch_size=4, step_peak_alloc_per_step_mib=[50.0, 62.0],
                         step_peak_reserved_per_step_mib=[64.0, 64.0])  # fmt: skip
     write_result(on_gpu(wider, h200), tmp_path / "repeat" / "b4.json")
     check, vouched = verdict()  # 2 MiB apart on one H200: the H100's 1 MiB is within it
     assert check.matches and vouched == {h100}
-    assert repeat_spreads(result for _, result in data.read(tmp_path).found)[("colpali", "vanilla")].alloc_mib == 2.0
+    assert repeat_spreads(result for _, result in data.read(tmp_path).found)[("colpali", "vanilla", "steady")].alloc_mib == 2.0
     assert tables.card_check([check])["same as the H200"].tolist() == ["within a repeat (2.0 · 0)"]
     text = prose.cross_card_reading([check], data.probe_devices(tmp_path), vouched=vouched)
     assert ("gave the same outcome as on the H200; its peaks (ColQwen2 vanilla on 141 GB (whole H200) at B=8, seed 42) "
             "differ by at most 1.0 MiB "
             "allocated and 0 MiB reserved at a step, no further than the same stack and backend's probe "
-            "colpali-plain-b4-vanilla-native measured in two runs on an H200 (2.0 MiB allocated and 0 MiB reserved apart, "
-            "grids published and repeat): within what one GPU repeats, so the check counts it as the same. The check "
+            "colpali-plain-b4-vanilla-native measured in two runs on an H200 (2.0 MiB allocated and 0 MiB reserved apart "
+            "at the steps that tuned no kernel, grids published and repeat): within what one GPU repeats, so the check counts it as the same. The check "
             "vouches for the H100 80GB HBM3") in text  # fmt: skip
     # another outcome is never within a repeat
     failed = make_result(grid=CROSS_CARD, batch_size=8, outcome="oom", **moved)
     write_result(on_gpu(failed, h100), tmp_path / CROSS_CARD / "b8.json")
     check, vouched = verdict()
     assert not check.matches and vouched == frozenset()
+
+
+def test_a_gap_at_a_kernel_tuning_step_licenses_no_gap_at_a_steady_step(tmp_path):
+    """A fused kernel's autotuning allocates differently run to run: two runs of a lik probe on one H200 that differ
+    by 48 MiB at the step that tuned the kernel (step 0) and not at all after it bound a cross-card pair's gap at
+    such a step, never at a step that tuned nothing, which is then held to equality to the byte."""
+    from harness.search import CROSS_CARD, phase_gaps, repeat_spreads, vouched_devices
+
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    tuned = dict(variant="lik", autotune_steps=[0], steps=8)
+    for name, first in (("published", 50.0), ("repeat", 98.0)):  # 48 MiB apart at the tuning step, equal after it
+        write_result(on_gpu(make_result(grid=name, batch_size=4, step_peak_alloc_per_step_mib=[first, 60.0],
+                                        step_peak_reserved_per_step_mib=[64.0, 64.0], **tuned), h200),
+                     tmp_path / name / "b4.json")  # fmt: skip
+    per_step = dict(step_peak_alloc_per_step_mib=[90.0, 100.0], step_peak_reserved_per_step_mib=[120.0, 130.0], **tuned)
+    write_result(on_gpu(make_result(grid="ceilings", batch_size=8, **per_step), h200), tmp_path / "ceilings" / "b8.json")
+    grid = tmp_path / "cross-card-check.yaml"
+    grid.write_text(yaml.safe_dump({"name": CROSS_CARD, "searches": [
+        {"stack": "colpali", "regime": "plain", "variant": "lik", "card": "native", "seeds": [42], "steps": 8,
+         "start": 8, "step": 8, "limit": 8, "resolution": 4}]}))  # fmt: skip
+    traced = make_result(grid="parity", batch_size=4, step_peak_alloc_per_step_mib=[50.0, 70.0], trace=True,
+                         step_peak_reserved_per_step_mib=[64.0, 64.0], **tuned)  # fmt: skip
+    write_result(on_gpu(traced, h200), tmp_path / "parity" / "b4.json")  # a traced run keeps more: no repeat
+    spreads = repeat_spreads(result for _, result in data.read(tmp_path).found)
+    assert {key: spread.alloc_mib for key, spread in spreads.items() if key[1] == "lik"} == {
+        ("colpali", "lik", "autotune"): 48.0, ("colpali", "lik", "steady"): 0.0}
+
+    def check_with(alloc):
+        write_result(on_gpu(make_result(grid=CROSS_CARD, batch_size=8, **{**per_step, "step_peak_alloc_per_step_mib": alloc}),
+                            h100), tmp_path / CROSS_CARD / "b8.json")  # fmt: skip
+        (check,) = data.cross_card_checks(tmp_path)
+        return check, vouched_devices(tmp_path, grid)
+
+    check, vouched = check_with([110.0, 100.0])  # 20 MiB more at the tuning step: within its 48
+    assert phase_gaps(check.other, check.h200) == {"autotune": (20.0, 0.0), "steady": (0.0, 0.0)}
+    assert check.matches and vouched == {h100}
+    assert tables.card_check([check])["same as the H200"].tolist() == ["within a repeat (48.0 · 0 at tuning)"]
+    check, vouched = check_with([90.0, 101.0])  # 1 MiB more at a step that tuned nothing: held to the byte
+    assert not check.matches and vouched == frozenset()
+    assert tables.card_check([check])["same as the H200"].tolist() == ["no"]
 
 
 def test_the_cross_card_check_leaves_out_a_twin_of_the_other_data_draw(tmp_path):

@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -38,14 +38,15 @@ from harness.search import (
     CeilingSearch,
     Probes,
     RepeatSpread,
+    bounding_spreads,
     cross_card_pairs,
     earlier_draw,
     load_searches,
     reference_probes,
-    repeat_setting,
     repeat_spreads,
     same_bytes,
     search_state,
+    spreads_of,
     step_gaps,
     vouched_devices,
     within_repeat,
@@ -683,7 +684,9 @@ class CardCheck:
 
     other: CellResult
     h200: CellResult
-    spread: RepeatSpread | None = None  # two runs of this stack and backend on one GPU: how far apart they measured
+    # two runs of this stack and backend on one GPU: how far apart they measured, at steps that tuned a kernel and
+    # at steps that tuned none (search.spreads_of)
+    spreads: Mapping[str, RepeatSpread] = dataclasses.field(default_factory=dict)
 
     @property
     def probe(self) -> str:
@@ -702,8 +705,14 @@ class CardCheck:
     @property
     def matches(self) -> bool:
         """The same outcome and steps, every step's peaks equal to the byte or apart by no more than two runs of
-        the same stack and backend on one GPU (:attr:`spread`): what the check asks of the GPU it vouches for."""
-        return within_repeat(self.other, self.h200, self.spread)
+        the same stack and backend on one GPU at steps of the same phase (:attr:`spreads`): what the check asks
+        of the GPU it vouches for."""
+        return within_repeat(self.other, self.h200, self.spreads)
+
+    @property
+    def bounding(self) -> list[RepeatSpread]:
+        """The repeat spreads the pair's differing steps are held to (one per phase where it differs)."""
+        return bounding_spreads(self.other, self.h200, self.spreads)
 
     def largest_gap_mib(self) -> tuple[float, float] | None:
         """The largest difference between the two runs' peaks at any step both measured (allocated,
@@ -717,7 +726,7 @@ def cross_card_checks(source: Source = None) -> list[CardCheck]:
     results = results_of(source)
     pairs = cross_card_pairs(result for _, result in results.of(CEILINGS, CROSS_CARD))
     spreads = repeat_spreads(result for _, result in results.found)
-    return [CardCheck(result, twin, spreads.get(repeat_setting(result))) for result, twin in pairs if twin is not None]
+    return [CardCheck(result, twin, spreads_of(spreads, result)) for result, twin in pairs if twin is not None]
 
 
 @dataclasses.dataclass(frozen=True)

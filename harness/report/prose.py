@@ -79,7 +79,7 @@ from harness.report.text import (
     span,
 )
 from harness.results import CellResult, Skipped
-from harness.search import CURRENT_DRAW, REFERENCE_GPU, load_searches
+from harness.search import AUTOTUNE, CURRENT_DRAW, REFERENCE_GPU, STEADY, load_searches
 from harness.spec import CARDS
 
 # ---- measured cells ------------------------------------------------------------------------------
@@ -391,22 +391,27 @@ def _same_draw_reading(checks: Sequence[CardCheck], probe_devices: Mapping[str, 
             "GPU, so the ceiling searches take probes from an H200 only.").strip()  # fmt: skip
 
 
+# the steps a repeat spread was measured at (search.phase_gaps): a kernel's autotuning step is held to its own kind
+_PHASE_WORDS = {AUTOTUNE: "the steps that tuned a kernel", STEADY: "the steps that tuned no kernel"}
+
+
 def _within_repeat_words(checks: Sequence[CardCheck], some_same: bool = True) -> str:
     """The check's pairs that differ, but by no more than two runs of the same setting on one GPU
-    (:attr:`CardCheck.spread`), in words (``some_same``: other pairs were the same to the byte):
+    at steps of the same phase (:attr:`CardCheck.bounding`), in words (``some_same``: other pairs were the same to the byte):
     'the other one (ColQwen2 vanilla on 48 GB at B=80, seed 42) differs by at
     most 1.0 MiB allocated and 0 MiB reserved at a step, no further than the same stack and backend's probe
-    colpali-plain-b64-vanilla-h100-80gb measured in two runs on an H200 (2.0 MiB allocated and 0 MiB reserved apart,
-    grids published and repeat)'."""
+    colpali-plain-b64-vanilla-h100-80gb measured in two runs on an H200 (2.0 MiB allocated and 0 MiB reserved apart
+    at the steps that tuned no kernel, grids published and repeat)'."""
     probes = "; ".join(f"{STACK_NAMES.get(c.other.spec.stack, c.other.spec.stack)} {c.other.spec.variant} on "
                        f"{card_short(c.other.spec.card)} at B={c.other.spec.batch_size}, seed {c.other.spec.seed}"
                        for c in checks)  # fmt: skip
     gaps = [gap for gap in (check.largest_gap_mib() for check in checks) if gap is not None]
     alloc, reserved = max(gap[0] for gap in gaps), max(gap[1] for gap in gaps)
-    spreads = {check.spread for check in checks if check.spread is not None}
+    spreads = {spread for check in checks for spread in check.bounding}
+    ordered = sorted(spreads, key=lambda spread: (spread.probe, spread.phase))
     repeats = joined([f"{spread.probe} measured in two runs on {a_gpu(spread.device)} ({spread.alloc_mib:.1f} MiB allocated "
-                      f"and {spread.reserved_mib:.0f} MiB reserved apart, grids {' and '.join(spread.grids)})"
-                      for spread in sorted(spreads, key=lambda spread: spread.probe)])  # fmt: skip
+                      f"and {spread.reserved_mib:.0f} MiB reserved apart at {_PHASE_WORDS[spread.phase]}, grids "
+                      f"{' and '.join(spread.grids)})" for spread in ordered])  # fmt: skip
     one = len(checks) == 1
     subject = f"the other {'one' if one else len(checks)}" if some_same else ("its peaks" if one else "their peaks")
     return (f"{subject} ({probes}) {'differs' if one and some_same else 'differ'} by at most {alloc:.1f} MiB allocated and "
