@@ -366,9 +366,9 @@ def repeat_setting(result: CellResult) -> tuple[str, str]:
 def repeat_spreads(results: Iterable[CellResult]) -> dict[tuple[str, str, str], RepeatSpread]:
     """Per (stack, backend, phase): the widest gap between two runs of one probe on one GPU (as the results name
     it), on the same draw, with the same outcome and a spec that differs at most in its length (:data:`RUN_LENGTH`),
-    over every grid — a probe run twice by two grids, or alone and beside others — at its steps of that phase (:func:`phase_gaps`). Where the widest is 0 MiB the runs repeat
-    themselves to the byte. A setting and phase with no such pair is absent: a comparison across GPUs then asks
-    for equality to the byte at those steps."""
+    over every grid — a probe run twice by two grids, or alone and beside others — at its steps of that phase
+    (:func:`phase_gaps`). Where the widest is 0 MiB the runs repeat themselves to the byte. A setting and phase
+    with no such pair is absent: a comparison across GPUs then asks for equality to the byte at those steps."""
     runs: dict[tuple[str, str, str | None], list[CellResult]] = {}
     for result in results:
         device = result.env.device_name if result.env is not None else None
@@ -438,18 +438,21 @@ def reference_probes(results: Iterable[CellResult]) -> dict[tuple[str, str | Non
             if result.grid == "ceilings" and REFERENCE_GPU in ((result.env and result.env.device_name) or "")}  # fmt: skip
 
 
-def vouched_devices(results_dir: Path, grid_file: Path) -> frozenset[str]:
+def vouched_devices(results_dir: Path, grid_file: Path, repeats_dir: Path | None = None) -> frozenset[str]:
     """The GPUs the cross-card check (``grid_file``, its results under ``results_dir``) vouches for:
     every one of its searches finished on that GPU, each has a probe there with a twin (the same probe,
     same cell id and data draw, from an H200 in the ``ceilings`` grid), and every such pair gave the same
     outcome and every step's peaks — to the byte, or no further apart than two runs of the same stack and
     backend on one GPU ever measured (:func:`repeat_spreads`). A probe without a twin on its draw compares
-    nothing and is left out."""
+    nothing and is left out. The repeats are read from ``results_dir`` and from ``repeats_dir`` as well where
+    given: a device's results directory holds only the grids its jobs resume from, while the runs that say how
+    a GPU repeats itself (grids published and repeat) are among the committed results."""
     if not grid_file.exists():
         return frozenset()
     results, _ = read_results(results_dir)
     searches = load_searches(grid_file)
-    spreads = repeat_spreads(result for _, result in results)
+    repeats = results if repeats_dir is None or not repeats_dir.is_dir() else results + read_results(repeats_dir)[0]
+    spreads = repeat_spreads(result for _, result in repeats)
     same: dict[str, list[bool]] = {}
     paired: dict[str, set[CeilingSearch]] = {}
     for result, twin in cross_card_pairs(result for _, result in results):

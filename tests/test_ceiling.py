@@ -381,6 +381,20 @@ def test_a_capped_search_takes_another_gpu_only_where_the_cross_card_check_vouch
     write_result(moved.model_copy(update={"step_peak_reserved_per_step_mib": [1.0, 2.0]}), path)
     assert vouched_devices(layout.results_dir, check_grid) == frozenset()
     assert vouched_devices(layout.results_dir, tmp_path / "no-grid.yaml") == frozenset()
+    # 2 MiB more reserved at every step, where the committed results (not a device's results directory, which
+    # holds only the grids its jobs resume from) hold the same probe run twice on one GPU 4 MiB apart: vouched,
+    # by the search run on the device too, which reads how a GPU repeats itself from the committed results
+    write_result(moved.model_copy(update={"step_peak_reserved_per_step_mib": [
+        value + 2.0 for value in moved.step_peak_reserved_per_step_mib]}), path)  # fmt: skip
+    assert vouched_devices(layout.results_dir, check_grid) == frozenset()
+    committed = tmp_path / "committed"
+    for grid, apart in (("published", 0.0), ("repeat", 4.0)):
+        write_result(moved.model_copy(update={"grid": grid, "step_peak_reserved_per_step_mib": [
+            value + apart for value in moved.step_peak_reserved_per_step_mib]}), committed / grid / path.name)  # fmt: skip
+    assert vouched_devices(layout.results_dir, check_grid, repeats_dir=committed) == {h100}
+    assert run_search(more, layout).stopped  # (the committed results are elsewhere)
+    monkeypatch.setenv("MAXSIM_RESULTS_DIR", str(committed))
+    assert not run_search(more, layout).stopped
 
 
 def test_a_crashed_probe_runs_again_once_with_rerun_crashed(layout, monkeypatch):

@@ -366,8 +366,8 @@ def test_a_cross_card_gap_within_what_one_gpu_repeats_counts_as_the_same(tmp_pat
             "differ by at most 1.0 MiB "
             "allocated and 0 MiB reserved at a step, no further than the same stack and backend's probe "
             "colpali-plain-b4-vanilla-native measured in two runs on an H200 (2.0 MiB allocated and 0 MiB reserved apart "
-            "at the steps that tuned no kernel, grids published and repeat): within what one GPU repeats, so the check counts it as the same. The check "
-            "vouches for the H100 80GB HBM3") in text  # fmt: skip
+            "at the steps that tuned no kernel, grids published and repeat): within what one GPU repeats, so the check "
+            "counts it as the same. The check vouches for the H100 80GB HBM3") in text  # fmt: skip
     # another outcome is never within a repeat
     failed = make_result(grid=CROSS_CARD, batch_size=8, outcome="oom", **moved)
     write_result(on_gpu(failed, h100), tmp_path / CROSS_CARD / "b8.json")

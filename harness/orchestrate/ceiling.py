@@ -17,7 +17,7 @@ from harness import gpu_gate
 from harness.grid import GridCell
 from harness.orchestrate.launcher import Gate, Layout, launch, set_aside, state
 from harness.orchestrate.pool import cell_environment, gpu_set, run_on_gpus
-from harness.results import load_result
+from harness.results import default_results_dir, load_result
 from harness.search import (
     CROSS_CARD_GRID,
     Ceiling,
@@ -41,7 +41,9 @@ def run_search(search: CeilingSearch, layout: Layout, gpu: str | None, gate: Gat
     probes = Probes.read(search, layout.results_dir)
     reason = device_mismatch(probes, here)
     if reason is not None and search.card != "native":  # (reads every result: only where it could matter)
-        reason = device_mismatch(probes, here, vouched_devices(layout.results_dir, CROSS_CARD_GRID))
+        # the committed results hold the runs that say how one GPU repeats itself (not seeded onto a device)
+        vouched = vouched_devices(layout.results_dir, CROSS_CARD_GRID, repeats_dir=default_results_dir())
+        reason = device_mismatch(probes, here, vouched)
     if reason is not None:
         return dataclasses.replace(search_state(search, probes)[0], stopped=reason)
     while True:
