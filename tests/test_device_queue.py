@@ -73,7 +73,7 @@ def test_a_pack_killed_at_its_calls_limit_still_leaves_what_finished(tmp_path):
 def test_a_fresh_machine_is_seeded_with_the_committed_results_its_jobs_resume_from(tmp_path):
     """`start` (through `seed`) copies the committed results of the grids whose jobs resume from them
     into device-results/, once: what a warm machine measured since is never overwritten."""
-    for grid in ("ceilings", "cross-card-check", "long-run", "published"):
+    for grid in ("ceilings", "cross-card-check", "long-run", "gradcache", "published"):
         committed = tmp_path / "results" / grid / "pylate" / "plain" / "cell.json"
         committed.parent.mkdir(parents=True)
         committed.write_text(f'{{"grid": "{grid}"}}\n')
@@ -83,7 +83,7 @@ def test_a_fresh_machine_is_seeded_with_the_committed_results_its_jobs_resume_fr
     assert run.returncode == 0, run.stderr
     device = tmp_path / "device-results"
     seeded = sorted(path.relative_to(device).parts[0] for path in device.rglob("*.json"))
-    assert seeded == ["ceilings", "cross-card-check", "long-run"]  # not the published grid: no job resumes from it
+    assert seeded == ["ceilings", "cross-card-check", "gradcache", "long-run"]  # not the published grid: no job resumes from it
     measured = tmp_path / "device-results" / "ceilings" / "pylate" / "plain" / "new.json"
     measured.write_text("{}\n")
     (tmp_path / "results" / "ceilings" / "pylate" / "plain" / "new.json").write_text('{"stale": true}\n')

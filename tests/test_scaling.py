@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from harness import op_bytes
-from harness.report import data, scaling, style
+from harness.report import data, scaling, style, text
 from harness.spec import CARDS
 
 
@@ -75,7 +75,26 @@ def test_the_peak_sentence_says_the_op_does_not_set_the_peak_only_when_every_bac
     fused = (lower["card"] == "native") & (lower["backend"] == "lik") & (lower["batch_size"] == 1024)
     lower.loc[fused, "step_peak_alloc_mib"] -= 4096
     changed = [line for line in scaling.gradcache_reading(lower, calls) if line.startswith("At B = 1024 on the 141 GB")]
-    assert "differ by up to" in changed[0] and "outside the MaxSim op" not in changed[0]
+    assert "the MaxSim op sets the step's peak" in changed[0] and "outside the MaxSim op" not in changed[0]
+
+
+def test_at_4096_on_80_gb_the_maxsim_op_sets_vanillas_gradcache_peak_and_the_h100_times_name_it(committed):
+    """Where the GradCache backends' step peaks part (B = 4096, 80 GB), the page says the op sets the peak, with
+    each other backend's peak and how many times less it is, computed from the cells; the step-time sentence of
+    cells timed on another GPU names that GPU."""
+    cells, calls = _gradcache(committed)
+    mine = cells[(cells["card"] == "h100-80gb") & (cells["batch_size"] == 4096) & (cells["outcome"] == "ok")]
+    if set(mine["backend"]) < {"vanilla", "lik"}:
+        pytest.skip("the 80 GB B = 4096 cells are not all committed")
+    base = float(mine[mine["backend"] == "vanilla"]["step_peak_alloc_mib"].iloc[0])
+    lik = float(mine[mine["backend"] == "lik"]["step_peak_alloc_mib"].iloc[0])
+    (sentence,) = [line for line in scaling.gradcache_reading(cells, calls) if line.startswith("At B = 4096 on the 80 GB")]
+    assert abs(base - lik) > 0.01 * base  # measured: the peaks part
+    assert "the MaxSim op sets the step's peak" in sentence and f"lik's {lik / 1024:.2f} GiB ({base / lik:.2f}× less)" in sentence
+    gpus = set(mine["device_name"])
+    (timed,) = [line for line in scaling.gradcache_reading(cells, calls) if line.startswith("Step time at B = 4096 on the 80")]
+    if len(gpus) == 1 and "H200" not in next(iter(gpus)):
+        assert f"timed alone on {text.a_gpu(next(iter(gpus)))}," in timed
 
 
 def test_the_gradcache_tables_and_figure_show_every_cell(committed):

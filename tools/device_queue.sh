@@ -30,10 +30,12 @@ LOG=device-log
 mkdir -p "$LOG" device-results device-cells
 stage() { echo "== $(date +%T) $*"; }
 
-# The grids whose jobs resume from committed results (searches, the cross-card check's twins, long runs):
-# `start` copies each into device-results/ where it is not there yet, so a fresh machine never runs a
-# probe already measured, and the ceiling search can read the cross-card check's verdict.
-RESUMED_GRIDS="ceilings cross-card-check shared-gpu-check long-run"
+# The grids whose jobs resume from committed results (searches, the cross-card check's twins, long runs, and the
+# sweeps whose cells take minutes: GradCache's, the multi-GPU cells): `start` copies each into device-results/ where
+# it is not there yet, so a fresh machine never runs a cell or probe already measured, and the ceiling search can
+# read the cross-card check's verdict. (How a GPU repeats itself, which that verdict also reads, comes from the
+# committed results/ the call carries: `harness ceiling` reads it there.)
+RESUMED_GRIDS="ceilings cross-card-check shared-gpu-check long-run gradcache multi-gpu"
 seed_results() {
   for grid in $RESUMED_GRIDS; do
     if [ -d "results/$grid" ] && [ ! -e "device-results/$grid" ]; then cp -r "results/$grid" device-results/ && echo "seeded device-results/$grid"; fi
