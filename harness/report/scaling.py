@@ -652,16 +652,24 @@ def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow]
     if chosen.empty:
         return text
     timed = tables.timed(chosen)
-    timed = timed[(timed["variant"] == "vanilla") & timed["score_mini_batch_size"].isna() & (timed["card"] == "native")]
-    if not timed.empty:
-        row = timed.sort_values("batch_size").iloc[-1]
+    timed = timed[(timed["variant"] == "vanilla") & timed["score_mini_batch_size"].isna()]
+    if timed.empty:
+        return text
+    if probe_steps is None:  # what the regime's searches train a probe (the grid's least where none)
+        probe_steps = max((row.search.steps for row in mine), default=MIN_STEPS)
+    # per GPU (a capped profile times its GPU, whatever the cap), its largest timed batch (the tightest bound), and
+    # of several cells there the fastest (the safest)
+    gpus = timed["device_name"].fillna(REFERENCE_GPU) if "device_name" in timed else pd.Series(REFERENCE_GPU, timed.index)
+    steps, bounds = [], []
+    for gpu in sorted(set(gpus), key=lambda name: (REFERENCE_GPU not in name, name)):
+        row = timed[gpus == gpu].sort_values(["batch_size", "steady_step_time_sec"], ascending=[False, True]).iloc[0]
         seconds, measured = float(row["steady_step_time_sec"]), int(row["batch_size"])
-        if probe_steps is None:  # what the regime's searches train a probe (the grid's least where none)
-            probe_steps = max((row.search.steps for row in mine), default=MIN_STEPS)
-        minutes = probe_steps * seconds * batch / measured / 60
-        text += (f" A vanilla GradCache step at B = {measured} took {seconds:.2f} s on the whole H200 (timed alone); the "
-                 "encoder's work grows linearly with B and vanilla's scoring quadratically, so one probe of "
-                 f"{probe_steps} steps at B = {batch:,} takes at least {minutes:.0f} minutes of GPU.")  # fmt: skip
+        name = "the H200" if REFERENCE_GPU in gpu else a_gpu(gpu)
+        steps.append(f"{seconds:.2f} s at B = {measured:,} on {name}")
+        bounds.append(f"{probe_steps * seconds * batch / measured / 60:.0f} minutes of {name}")
+    text += (f" A vanilla GradCache step took {joined(steps)} (each timed alone); the encoder's work grows linearly "
+             f"with B and vanilla's scoring quadratically, so one probe of {probe_steps} steps at B = {batch:,} takes "
+             f"at least {joined(bounds)}.")  # fmt: skip
     return text
 
 
