@@ -427,7 +427,9 @@ def test_every_gpu_result_ran_on_the_gpu_the_card_labels_name():
                       & (cells["card"] == result.spec.card)]  # the table this cell's time sits in  # fmt: skip
         table = tables.step_time_table(peers)
         if not tables.timed(mine).empty:
-            rows = table[(table["batch"] == result.spec.batch_size) & (table["GPU"] == text.gpu_short(device))]
+            backend = text.nowrap(str(mine["backend"].iloc[0]))  # (as the table writes it)
+            rows = table[(table["batch"] == result.spec.batch_size) & (table["GPU"] == text.gpu_short(device))
+                         & (table["backend"] == backend)]  # fmt: skip
             assert len(rows) == 1, (result.cell_id, table)
             vanilla = tables.timed(peers[(peers["batch_size"] == result.spec.batch_size) & (peers["backend"] == "vanilla")
                                          & (peers["device_name"] == device)])  # fmt: skip
