@@ -282,7 +282,7 @@ def _peak_sentences(ran: pd.DataFrame, calls: pd.DataFrame) -> list[str]:
             their = zip(others["backend"], others["step_peak_alloc_mib"].astype(float), strict=True)
             peaks = joined([f"{backend}'s {_gib(peak)} GiB ({base / peak:.2f}× less)" for backend, peak in their])
             call_words = "" if forward is None else (
-                f"; its largest score call alone needs {_gib(forward)} GiB above its inputs, {forward / base:.0%} of it")
+                f"; its largest score call alone needs {_gib(forward)} GiB above its inputs, {forward / base:.0%} of that peak")
             lines.append(f"At B = {batch} on the {card_short(card)} card, the MaxSim op sets the step's peak: vanilla's is "
                          f"{_gib(base)} GiB{call_words}; the other backends peak at {peaks}.")  # fmt: skip
     return lines
