@@ -109,3 +109,26 @@ def test_pack_stops_waiting_on_a_queue_whose_environments_failed(tmp_path):
     assert run.returncode == 1 and "QUEUE FAILED" in run.stdout
     assert time.perf_counter() - began < 10  # not the 30 seconds it was asked to wait
     assert (tmp_path / "out" / "queue.log").exists()
+
+
+def test_a_seeded_device_reaches_the_cross_card_verdict_the_committed_results_reach(tmp_path):
+    """What `harness ceiling` decides on a fresh device must be what the committed results decide: a device's
+    results directory is seeded (``seed``) with the grids its jobs resume from only, and the search reads how a
+    GPU repeats itself from the committed results beside it. (On 2026-12-07 it read no repeats there, fell back
+    to equality to the byte, and stopped every capped search on the H100 the committed results vouch for.)"""
+    import shutil
+
+    import pytest
+
+    from harness.search import CROSS_CARD_GRID, vouched_devices
+
+    results = ROOT / "results"
+    if not (results / "cross-card-check").is_dir():
+        pytest.skip("no cross-card check is committed: nothing to compare")
+    checkout = tmp_path / "checkout"
+    shutil.copytree(results, checkout / "results")  # a checkout's committed results, as a device call carries them
+    subprocess.run(["bash", str(SCRIPT), "seed"], cwd=checkout, env={"PATH": "/usr/bin:/bin"}, check=True, timeout=120)
+    device = checkout / "device-results"
+    assert (device / "cross-card-check").is_dir() and not (device / "published").exists()
+    committed = vouched_devices(results, CROSS_CARD_GRID)
+    assert vouched_devices(device, CROSS_CARD_GRID, repeats_dir=results) == committed
