@@ -341,11 +341,10 @@ def phase_gaps(one: CellResult, other: CellResult) -> dict[str, tuple[float, flo
         return None
     tuned = set(one.autotune_steps) | set(other.autotune_steps)
     gaps: dict[str, tuple[float, float]] = {}
-    alloc_steps = zip(series[0], series[1], strict=False)
-    for step, ((a, b), (c, d)) in enumerate(zip(alloc_steps, zip(series[2], series[3], strict=False), strict=False)):
+    for step, (alloc, alloc_other, reserved, reserved_other) in enumerate(zip(*series, strict=False)):
         phase = AUTOTUNE if step in tuned else STEADY
         known = gaps.get(phase, (0.0, 0.0))
-        gaps[phase] = (max(known[0], abs(a - b)), max(known[1], abs(c - d)))
+        gaps[phase] = (max(known[0], abs(alloc - alloc_other)), max(known[1], abs(reserved - reserved_other)))
     return gaps
 
 
@@ -406,12 +405,8 @@ def within_repeat(one: CellResult, other: CellResult, spreads: Mapping[str, Repe
     if same_bytes(one, other):
         return True
     gaps = phase_gaps(one, other)
-    if gaps is None or one.outcome != other.outcome:
-        return False
-    def steps(result: CellResult) -> tuple[int, int]:
-        return len(result.step_peak_alloc_per_step_mib), len(result.step_peak_reserved_per_step_mib)
-
-    if steps(one) != steps(other):
+    steps = [(len(run.step_peak_alloc_per_step_mib), len(run.step_peak_reserved_per_step_mib)) for run in (one, other)]
+    if gaps is None or one.outcome != other.outcome or steps[0] != steps[1]:
         return False
     for phase, (alloc, reserved) in gaps.items():
         spread = spreads.get(phase)

@@ -31,12 +31,12 @@ from harness.report.text import (
     gpu_words,
     joined,
     oom_held_mib,
+    other_gpu,
     requested_mib,
     signed,
     span,
 )
 from harness.results import CellResult, Progress, load_progress
-from harness.search import REFERENCE_GPU
 from harness.spec import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +97,7 @@ class LongRun:
     def where(self) -> str:
         """' on an H100 80GB HBM3 (its card's cap alike)' for a run on a GPU other than the H200 the
         book's cards are measured on; '' for one on an H200 or of no recorded GPU."""
-        if self.device is None or REFERENCE_GPU in self.device:
+        if self.device is None or not other_gpu(self.device):
             return ""
         return f" on an {gpu_words(self.device)} (its card's cap alike)"
 

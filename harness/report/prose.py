@@ -71,6 +71,7 @@ from harness.report.text import (
     on_card_gpu,
     oom_held_mib,
     oom_in_use_mib,
+    other_gpu,
     percent,
     ran_out_of_host_memory,
     regime_label,
@@ -1666,7 +1667,7 @@ def long_run_note(searches: Sequence[SearchRow]) -> str:
                 text += f"; at {share}, one ran out of memory as well, at step {lower.steps_trained + 1} of {lower.steps}"
             else:
                 text += f"; at {share}, one ended {lower.outcome} after {lower.steps_trained} of {lower.steps} steps"
-            if lower.device_name and REFERENCE_GPU not in lower.device_name:
+            if other_gpu(lower.device_name):
                 text += f", on {a_gpu(lower.device_name)} at the same cap"
         said.append(text + ".")
     if not said:

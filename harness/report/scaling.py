@@ -35,7 +35,17 @@ from harness import op_bytes
 from harness.grid import load_grid
 from harness.report import data, style, tables, timing
 from harness.report.decision import regime_name
-from harness.report.text import STACK_NAMES, a_gpu, card_short, cards_in_order, counted, joined, nowrap, seed_words
+from harness.report.text import (
+    STACK_NAMES,
+    a_gpu,
+    card_short,
+    cards_in_order,
+    counted,
+    joined,
+    nowrap,
+    other_gpu,
+    seed_words,
+)
 from harness.results import CellResult
 from harness.search import MIN_STEPS, REFERENCE_GPU
 from harness.spec import CARDS, GRADCACHE, GRADCACHE_MINI_BATCH, TrainSpec
@@ -295,7 +305,7 @@ def _time_sentences(chosen: pd.DataFrame, noise: float | None = None) -> list[st
     timed = tables.timed(chosen)
     if timed.empty:
         return lines
-    timed = timed.assign(gpu=timed["device_name"].fillna("") if "device_name" in timed else "")
+    timed = timed.assign(gpu=tables.device_names(timed))
     for (card, batch, gpu), group in timed.groupby(["card", "batch_size", "gpu"], sort=True):  # times of one GPU
         vanilla = group[group["backend"] == "vanilla"]
         if vanilla.empty or len(group) < 2:
@@ -303,7 +313,7 @@ def _time_sentences(chosen: pd.DataFrame, noise: float | None = None) -> list[st
         reference = list(vanilla["steady_times_sec"].iloc[0])
         parts = [f"{row['backend']}: {timing.ratio_words(timing.ratio(reference, list(row['steady_times_sec'])), noise=noise)}"
                  for _, row in group.iterrows() if row["backend"] != "vanilla"]  # fmt: skip
-        on = f" on {a_gpu(str(gpu))}" if gpu and REFERENCE_GPU not in str(gpu) else ""
+        on = f" on {a_gpu(str(gpu))}" if other_gpu(gpu) else ""
         lines.append(f"Step time at B = {batch} on the {card_short(str(card))} card, each cell timed alone{on}, against "
                      f"vanilla's median {np.median(reference):.2f} s per step (bootstrap 95% intervals): "
                      + "; ".join(parts) + ".")
@@ -659,12 +669,12 @@ def gradcache_cost_words(cells: pd.DataFrame, searches: Sequence[data.SearchRow]
         probe_steps = max((row.search.steps for row in mine), default=MIN_STEPS)
     # per GPU (a capped profile times its GPU, whatever the cap), its largest timed batch (the tightest bound), and
     # of several cells there the fastest (the safest)
-    gpus = timed["device_name"].fillna(REFERENCE_GPU) if "device_name" in timed else pd.Series(REFERENCE_GPU, timed.index)
+    gpus = tables.device_names(timed).replace("", REFERENCE_GPU)  # (a time that names no GPU is the H200's)
     steps, bounds = [], []
-    for gpu in sorted(set(gpus), key=lambda name: (REFERENCE_GPU not in name, name)):
+    for gpu in sorted(set(gpus), key=lambda name: (other_gpu(name), name)):
         row = timed[gpus == gpu].sort_values(["batch_size", "steady_step_time_sec"], ascending=[False, True]).iloc[0]
         seconds, measured = float(row["steady_step_time_sec"]), int(row["batch_size"])
-        name = "the H200" if REFERENCE_GPU in gpu else a_gpu(gpu)
+        name = a_gpu(gpu) if other_gpu(gpu) else "the H200"
         steps.append(f"{seconds:.2f} s at B = {measured:,} on {name}")
         bounds.append(f"{probe_steps * seconds * batch / measured / 60:.0f} minutes of {name}")
     text += (f" A vanilla GradCache step took {joined(steps)} (each timed alone); the encoder's work grows linearly "

@@ -36,6 +36,7 @@ from harness.report.text import (
     missing,
     nowrap,
     number,
+    other_gpu,
     percent,
     regime_label,
     regime_words,
@@ -43,7 +44,7 @@ from harness.report.text import (
     signed,
 )
 from harness.results import Skipped
-from harness.search import AUTOTUNE, REFERENCE_GPU
+from harness.search import AUTOTUNE
 
 # ---- a stack page's cells ------------------------------------------------------------------------
 
@@ -186,10 +187,9 @@ def step_time_table(cells: pd.DataFrame, noise: timing.RunNoise | None = None) -
     ok = timed(cells)
     if ok.empty:
         return pd.DataFrame()
-    names = ok["device_name"] if "device_name" in ok else pd.Series(None, index=ok.index)
-    gpu = {i: str(name) if isinstance(name, str) else "" for i, name in names.items()}
+    gpu = device_names(ok).to_dict()
     vanilla = {(row["batch_size"], gpu[i]): row["steady_times_sec"] for i, row in ok[ok["backend"] == "vanilla"].iterrows()}
-    elsewhere = any(name and REFERENCE_GPU not in name for name in gpu.values())  # a time of another GPU: every row names its GPU
+    elsewhere = any(other_gpu(name) for name in gpu.values())  # a time of another GPU: every row names its GPU
     rows = []
     rank = {backend: k for k, backend in enumerate(style.in_order(ok["backend"]))}
     for i, row in ok.sort_values(["batch_size", "backend"], key=lambda c: c.map(rank) if c.name == "backend" else c).iterrows():
@@ -569,13 +569,28 @@ def card_check(checks: Sequence[CardCheck]) -> pd.DataFrame:
             "peak reserved MiB H200 · other": _side_by_side(h200.step_peak_reserved_mib, other.step_peak_reserved_mib, ".0f"),
             "largest gap at a step, MiB (alloc · reserved)":
                 "no step both finished" if gap is None else f"{gap[0]:.0f} · {gap[1]:.0f}",
-            "same as the H200": "to the byte" if check.identical else (
-                "within a repeat (" + "; ".join(f"{spread.alloc_mib:.1f} · {spread.reserved_mib:.0f}"
-                                                + (" at tuning" if spread.phase == AUTOTUNE else "")
-                                                for spread in check.bounding) + ")"
-                if check.matches and check.bounding else "no"),
+            "same as the H200": _same_as_h200(check),
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def _same_as_h200(check: CardCheck) -> str:
+    """A check pair's verdict in a cell: 'to the byte', 'within a repeat (2.0 · 0)' (the repeat spreads its
+    differing steps are held to, MiB allocated · reserved, 'at tuning' for a kernel's tuning step), or 'no'."""
+    if check.identical:
+        return "to the byte"
+    if not (check.matches and check.bounding):
+        return "no"
+    spreads = [f"{spread.alloc_mib:.1f} · {spread.reserved_mib:.0f}" + (" at tuning" if spread.phase == AUTOTUNE else "")
+               for spread in check.bounding]  # fmt: skip
+    return f"within a repeat ({'; '.join(spreads)})"
+
+
+def device_names(frame: pd.DataFrame) -> pd.Series:
+    """Each row's GPU as its result names it ('NVIDIA H100 80GB HBM3'), '' where none is recorded."""
+    if "device_name" not in frame:
+        return pd.Series("", index=frame.index, dtype=object)
+    return frame["device_name"].map(lambda name: name if isinstance(name, str) else "")
 
 
 def _side_by_side(alone: float | None, shared: float | None, spec: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import pandas as pd
 
@@ -194,6 +194,12 @@ def on_card_gpu(device_name: object, card: str) -> bool:
 def gpu_words(name: str) -> str:
     """A GPU as nvidia-smi names it, in a sentence: 'NVIDIA H100 80GB HBM3' → 'H100 80GB HBM3'."""
     return name.removeprefix("NVIDIA ")
+
+
+def other_gpu(name: object) -> TypeGuard[str]:
+    """Whether a result's recorded GPU is one other than the H200 the book's cards are measured on (False where
+    none is recorded): what a page names beside a number of such a GPU."""
+    return isinstance(name, str) and bool(name) and REFERENCE_GPU not in name
 
 
 def gpu_short(name: str) -> str:
