@@ -3,6 +3,7 @@ machine given back between two calls comes back bare), and packs what a queue fi
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tarfile
 import time
@@ -132,3 +133,75 @@ def test_a_seeded_device_reaches_the_cross_card_verdict_the_committed_results_re
     assert (device / "cross-card-check").is_dir() and not (device / "published").exists()
     committed = vouched_devices(results, CROSS_CARD_GRID)
     assert vouched_devices(device, CROSS_CARD_GRID, repeats_dir=results) == committed
+
+
+def checkout_with_fakes(where: Path) -> Path:
+    """A checkout as `start` needs it, with its environments marked made and a harness that only logs the jobs it
+    is given (to where/jobs.log): what the queue runs, not what a GPU measures."""
+    (where / "wheelhouse").mkdir()
+    (where / "wheelhouse" / "torch-0-py3-none-any.whl").touch()
+    for env in ("pylate", "colpali"):
+        (where / ".venvs" / env / "bin").mkdir(parents=True)
+        (where / ".venvs" / env / ".device-ready").touch()
+    harness = where / ".venvs" / "pylate" / "bin" / "harness"
+    harness.write_text(f'#!/bin/sh\necho "$@" >> {where / "jobs.log"}\n')
+    harness.chmod(0o755)
+    (where / "tools").mkdir()
+    return where / "jobs.log"
+
+
+def run_queue_to_its_end(where: Path, queue: str, deadline: int | None) -> str:
+    (where / "queue.txt").write_text(queue)
+    env = {"PATH": "/usr/bin:/bin"} | ({} if deadline is None else {"DEADLINE": str(deadline)})
+    started = subprocess.run(["bash", str(SCRIPT), "start", "queue.txt"], cwd=where, env=env,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
+    for _ in range(200):
+        if (where / "device-log" / "queue.done").exists():
+            break
+        time.sleep(0.1)
+    return (where / "device-log" / "queue.log").read_text()
+
+
+QUEUE = "needs 20 sweep grids/long-run.yaml --match long\nceiling grids/ceilings.yaml --match short\n"
+
+
+def test_a_job_that_needs_more_minutes_than_are_left_is_skipped_and_the_queue_goes_on(tmp_path):
+    """A long run begun too late is cut by the budget and runs again from step 0 in a later lease, so it is
+    worth nothing: with 10 minutes left, the job that needs 20 is skipped, said in the log, and the next runs."""
+    jobs = checkout_with_fakes(tmp_path)
+    log = run_queue_to_its_end(tmp_path, QUEUE, deadline=int(time.time()) + 600)
+    assert jobs.read_text().splitlines() == [
+        "ceiling grids/ceilings.yaml --results-dir device-results --notebooks-dir device-cells --match short"]
+    assert re.search(r"skipped \(needs 20 min, (9|10) min left\): sweep grids/long-run.yaml --match long\n", log)
+
+
+def test_a_job_that_needs_minutes_runs_where_they_are_left_or_no_deadline_was_given(tmp_path):
+    for deadline, where in ((int(time.time()) + 1500, tmp_path / "in-time"), (None, tmp_path / "no-deadline")):
+        where.mkdir()
+        jobs = checkout_with_fakes(where)
+        run_queue_to_its_end(where, QUEUE, deadline)
+        assert [line.split()[1] for line in jobs.read_text().splitlines()] == ["grids/long-run.yaml", "grids/ceilings.yaml"]
+
+
+def test_pack_never_waits_past_the_deadline(tmp_path):
+    """Asked to wait 300 s with 45 s of device time left, `pack` waits 5 and packs, so the call ends, and brings its
+    files back, before the budget does."""
+    queue_ran(tmp_path, None, "== harness sweep grids/long-run.yaml\n")  # still running
+    (tmp_path / "device-log" / "deadline").write_text(f"{int(time.time()) + 45}\n")
+    began = time.perf_counter()
+    run = pack(tmp_path, 300)
+    assert run.returncode == 0 and "queue still running" in run.stdout
+    assert run.stdout.startswith("waiting 5 s: device time ends in 45 s") or run.stdout.startswith("waiting 4 s")
+    assert time.perf_counter() - began < 20
+    assert (tmp_path / "out" / "results.tar.gz").exists()
+
+
+def test_start_refuses_a_deadline_that_is_not_a_time(tmp_path):
+    checkout_with_fakes(tmp_path)
+    (tmp_path / "queue.txt").write_text(QUEUE)
+    env = {"PATH": "/usr/bin:/bin", "DEADLINE": "in 20 min"}
+    run = subprocess.run(["bash", str(SCRIPT), "start", "queue.txt"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 2 and run.stdout == "DEADLINE must be whole seconds since the epoch, not 'in 20 min'\n"
+    assert not any((tmp_path / "device-log" / name).exists() for name in ("queue.pid", "deadline"))

@@ -2,10 +2,19 @@
 # Work a queue of GPU jobs on a leased, offline GPU host in the background, across several device
 # calls, and pack what finished after each call.
 #
-#   tools/device_queue.sh start QUEUE     # seed device-results/ from results/, then environments, then
+#   [DEADLINE=EPOCH] tools/device_queue.sh start QUEUE
+#                                         # seed device-results/ from results/, then environments, then
 #                                         # each job of QUEUE, detached (setsid)
 #   OUT=/tmp/x tools/device_queue.sh pack [SECONDS]
 #                                         # wait up to SECONDS for the queue, then pack into $OUT
+#
+# DEADLINE (seconds since the epoch) is when the session's device time ends: the caller computes it
+# before the first call, from `status`'s budget_left_s (DEADLINE=$(( $(date +%s) + budget_left_s - 60 ))
+# on the calling machine; both clocks keep UTC), and writes the number into the command. `start` keeps it
+# for the calls after it: a job marked `needs MINUTES` then starts only while that many minutes are left
+# (a long run that cannot end within the lease is not begun, and the queue goes on with what can), and
+# `pack` never waits past DEADLINE less 40 s, so the call ends, and brings back its files, before the
+# budget does.
 #
 # A device call lasts at most 10 minutes, while a sweep may need more; and a machine stays warm
 # only briefly between calls. So the first call starts the queue detached and waits; each later
@@ -19,6 +28,7 @@
 #   ceiling GRID [harness ceiling options]
 #   op-parity LIBRARY                       tools/op_parity.py LIBRARY --device cuda
 #   & JOB                                   JOB in the background, beside the jobs after it
+#   needs MINUTES JOB                       JOB only while MINUTES are left before DEADLINE (always without one)
 #   wait                                    until every background job has ended
 # Jobs side by side on one GPU must share it through its gate (--share-gpu on both): their bytes
 # are measured, their times never published. The queue ends after its background jobs.
@@ -59,6 +69,10 @@ run_job() {  # one job: KIND TARGET REST
   esac
 }
 
+seconds_left() {  # until DEADLINE, as kept by `start`; nothing where none was given
+  [ -f "$LOG/deadline" ] && echo $(( $(cat "$LOG/deadline") - $(date +%s) ))
+}
+
 run_queue() {
   export PYTHONUNBUFFERED=1
   stage "environments (offline, from ./wheelhouse)"
@@ -71,6 +85,13 @@ run_queue() {
       wait) stage "waiting for the background jobs"; wait ;;
       "&") read -r kind target rest <<< "$target $rest"
            run_job "$kind" "$target" "$rest" & ;;
+      needs) minutes=$target left=$(seconds_left)
+             read -r kind target rest <<< "$rest"
+             if [ -n "$left" ] && [ "$left" -lt $(( minutes * 60 )) ]; then
+               stage "skipped (needs $minutes min, $(( left / 60 )) min left): $kind $target $rest"
+             else
+               run_job "$kind" "$target" "$rest"
+             fi ;;
       *) run_job "$kind" "$target" "$rest" ;;
     esac
   done < "$1"
@@ -82,6 +103,9 @@ run_queue() {
 case "${1:-}" in
   start)
     [ -f "${2:-}" ] || { echo "usage: $0 start QUEUE"; exit 2; }
+    case "${DEADLINE:-0}" in
+      ''|*[!0-9]*) echo "DEADLINE must be whole seconds since the epoch, not '${DEADLINE}'"; exit 2 ;;
+    esac
     if [ -f "$LOG/queue.pid" ] && kill -0 "$(cat "$LOG/queue.pid")" 2>/dev/null; then
       echo "a queue is already running (pid $(cat "$LOG/queue.pid")): not starting another"; exit 0
     fi
@@ -90,6 +114,10 @@ case "${1:-}" in
     set +f; wheels=(wheelhouse/*.whl); set -f
     [ -e "${wheels[0]}" ] || { echo "no wheels under ./wheelhouse: build it (python3 tools/envs.py wheelhouse pylate colpali --host h200-cuda-image --dest wheelhouse) and carry it into the device call (git ignores it)"; exit 2; }
     rm -f "$LOG/queue.done" "$LOG/queue.failed"
+    if [ -n "${DEADLINE:-}" ]; then
+      echo "$DEADLINE" > "$LOG/deadline"
+      echo "device time ends in $(( DEADLINE - $(date +%s) )) s (at $(date -u -d "@$DEADLINE" +%T) UTC)"
+    fi
     seed_results
     setsid nohup bash "$0" _run "$2" > "$LOG/queue.log" 2>&1 < /dev/null &
     echo $! > "$LOG/queue.pid"
@@ -98,7 +126,11 @@ case "${1:-}" in
   seed) seed_results ;;
   pack)
     OUT=${OUT:?set OUT}
-    WAIT=${2:-0}
+    WAIT=${2:-590}
+    left=$(seconds_left)
+    if [ -n "$left" ] && [ $(( left - 40 )) -lt "$WAIT" ]; then
+      WAIT=$(( left > 40 ? left - 40 : 0 )); echo "waiting $WAIT s: device time ends in $left s"
+    fi
     # A machine given back between calls comes back bare: never wait on a queue that is not there.
     [ -f "$LOG/queue.pid" ] || { echo "no queue was started on this machine (a fresh one?): nothing to wait for"; exit 1; }
     # Pack every minute while waiting, not only at the end: a call that runs past its limit (a budget
@@ -118,5 +150,5 @@ case "${1:-}" in
     tail -40 "$LOG/queue.log"
     if [ -f "$LOG/queue.failed" ]; then echo "QUEUE FAILED (its environments: device-log/envs-*.log)"; exit 1; fi
     if [ -f "$LOG/queue.done" ]; then echo "QUEUE DONE"; else echo "queue still running"; fi ;;
-  *) echo "usage: $0 start QUEUE | pack [SECONDS]"; exit 2 ;;
+  *) echo "usage: [DEADLINE=EPOCH] $0 start QUEUE | pack [SECONDS]"; exit 2 ;;
 esac
