@@ -92,6 +92,11 @@ def test_at_4096_on_80_gb_the_maxsim_op_sets_vanillas_gradcache_peak_and_the_h10
     (sentence,) = [line for line in scaling.gradcache_reading(cells, calls) if line.startswith("At B = 4096 on the 80 GB")]
     assert abs(base - lik) > 0.01 * base  # measured: the peaks part
     assert "the MaxSim op sets the step's peak" in sentence and f"lik's {lik / 1024:.2f} GiB ({base / lik:.2f}× less)" in sentence
+    # and what must fit the card, the allocator's reserved memory, each backend's with its ratio to vanilla's
+    held = float(mine[mine["backend"] == "vanilla"]["step_peak_reserved_mib"].iloc[0])
+    lik_held = float(mine[mine["backend"] == "lik"]["step_peak_reserved_mib"].iloc[0])
+    assert f"which is what must fit it: vanilla {held / 1024:.2f} GiB ({(held - base) / 1024:.2f} GiB above its allocated" in sentence
+    assert f"lik's {lik_held / 1024:.2f} GiB ({held / lik_held:.2f}× less)" in sentence
     gpus = set(mine["device_name"])
     (timed,) = [line for line in scaling.gradcache_reading(cells, calls) if line.startswith("Step time at B = 4096 on the 80")]
     if len(gpus) == 1 and "H200" not in next(iter(gpus)):

@@ -293,8 +293,13 @@ def _peak_sentences(ran: pd.DataFrame, calls: pd.DataFrame) -> list[str]:
             peaks = joined([f"{backend}'s {_gib(peak)} GiB ({base / peak:.2f}× less)" for backend, peak in their])
             call_words = "" if forward is None else (
                 f"; its largest score call alone needs {_gib(forward)} GiB above its inputs, {forward / base:.0%} of that peak")
+            reserved = float(vanilla["step_peak_reserved_mib"].iloc[0])
+            held = zip(others["backend"], others["step_peak_reserved_mib"].astype(float), strict=True)
+            reserved_words = joined([f"{backend}'s {_gib(peak)} GiB ({reserved / peak:.2f}× less)" for backend, peak in held])
             lines.append(f"At B = {batch} on the {card_short(card)} card, the MaxSim op sets the step's peak: vanilla's is "
-                         f"{_gib(base)} GiB{call_words}; the other backends peak at {peaks}.")  # fmt: skip
+                         f"{_gib(base)} GiB{call_words}; the other backends peak at {peaks}. The most the allocator reserved "
+                         f"from the card in a step, which is what must fit it: vanilla {_gib(reserved)} GiB "
+                         f"({_gib(reserved - base)} GiB above its allocated peak), {reserved_words}.")  # fmt: skip
     return lines
 
 
