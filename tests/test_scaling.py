@@ -95,7 +95,8 @@ def test_at_4096_on_80_gb_the_maxsim_op_sets_vanillas_gradcache_peak_and_the_h10
     # and what must fit the card, the allocator's reserved memory, each backend's with its ratio to vanilla's
     held = float(mine[mine["backend"] == "vanilla"]["step_peak_reserved_mib"].iloc[0])
     lik_held = float(mine[mine["backend"] == "lik"]["step_peak_reserved_mib"].iloc[0])
-    assert f"which is what must fit it: vanilla {held / 1024:.2f} GiB ({(held - base) / 1024:.2f} GiB above its allocated" in sentence
+    slack = (held - base) / 1024
+    assert f"which is what must fit it: vanilla {held / 1024:.2f} GiB ({slack:.2f} GiB above its allocated" in sentence
     assert f"lik's {lik_held / 1024:.2f} GiB ({held / lik_held:.2f}× less)" in sentence
     gpus = set(mine["device_name"])
     (timed,) = [line for line in scaling.gradcache_reading(cells, calls) if line.startswith("Step time at B = 4096 on the 80")]
