@@ -3,8 +3,9 @@
 A ceiling answers "how large a batch can I train on my card with this backend", which a fixed grid
 cannot: whether a batch fits can hang on the allocator's fragmentation, so it is decided by running
 it. One search is a (stack, regime, variant[, chunk], card, allocator) and a list of seeds. Its
-probes are ordinary training cells (grid ``ceilings``) of ``steps`` ≥ 8 real optimizer steps. A
-batch *fits* when every seed trains all its steps without running out of memory.
+probes are ordinary training cells (grid ``ceilings``) of ``steps`` ≥ 8 real optimizer steps (≥ 4 for
+GradCache: :data:`MIN_STEPS_OF`). A batch *fits* when every seed trains all its steps without running out
+of memory.
 
 The search runs on the first seed: it doubles from ``start`` until a batch does not fit (halving
 instead if ``start`` already does not) — or, given a ``step``, gallops from ``start`` by
@@ -44,6 +45,14 @@ from harness.results import CellResult, read_results
 from harness.spec import STACKS, TrainSpec, admits, differences, make_spec
 
 MIN_STEPS = 8
+# Regimes whose probes may train fewer steps, and how few. GradCache (PyLate's CachedContrastive): every
+# batch has the same shapes (PyLate pads queries and documents to fixed lengths) and the loss frees the
+# encoder's activations after each mini-batch, so a step repeats the one before; its steps are long (tens
+# of seconds at B in the thousands, linear in B), so an 8-step probe near the fused backends' ceilings
+# outlasts a session's device time. The GradCache page computes, from every committed GradCache cell,
+# how much its peaks rose after this many steps, and tests/test_scaling.py fails the day a reserved peak
+# does (a probe of fewer steps would then have missed what must fit).
+MIN_STEPS_OF = {"gradcache": 4}
 CURRENT_DRAW = "stream"  # the draw of the synthetic data cells train on now: one stream per seed
 SEARCH_FIELDS = ("stack", "regime", "variant", "score_mini_batch_size", "mini_batch_size", "card", "allocator",
                  "world_size", "gather", "dataloader_workers")  # fmt: skip
@@ -67,7 +76,7 @@ class CeilingSearch(BaseModel):
     gather: bool = False
     dataloader_workers: int | None = Field(default=None, ge=0)  # colpali: fewer than the recipe's, where its host's memory binds
     seeds: tuple[int, ...] = Field(min_length=1)
-    steps: int = Field(default=MIN_STEPS, ge=MIN_STEPS)
+    steps: int = Field(default=MIN_STEPS, ge=1)  # at least MIN_STEPS, or the regime's MIN_STEPS_OF
     start: int = Field(gt=0)
     limit: int = Field(gt=0)  # the largest batch probed: a search that reaches it reports "≥ limit"
     resolution: int = Field(gt=0)
@@ -89,6 +98,9 @@ class CeilingSearch(BaseModel):
             raise ValueError(f"step {self.step} must be a multiple of resolution {self.resolution}")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds repeat: {list(self.seeds)}")
+        least = MIN_STEPS_OF.get(self.regime, MIN_STEPS)
+        if self.steps < least:
+            raise ValueError(f"steps {self.steps} is below the {least} a {self.regime} probe trains at least")
         self.probe(self.start, self.seeds[0])  # a spec it cannot make is an invalid search
         return self
 

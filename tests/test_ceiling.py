@@ -113,8 +113,13 @@ def test_the_ceiling_is_confirmed_on_every_seed_and_a_failing_seed_sends_the_sea
 
 
 def test_searches_are_validated_before_anything_runs(tmp_path):
-    with pytest.raises(ValidationError, match="greater than or equal to 8"):
+    with pytest.raises(ValidationError, match="steps 4 is below the 8 a grad-checkpoint probe trains at least"):
         search(steps=4)
+    # a GradCache probe may train 4 (its steps repeat: harness.search.MIN_STEPS_OF), not fewer
+    gradcache = {"regime": "gradcache", "mini_batch_size": 64, "start": 2048, "resolution": 128}
+    assert search(steps=4, **gradcache).probe(2048, 42).steps == 4
+    with pytest.raises(ValidationError, match="steps 3 is below the 4 a gradcache probe trains at least"):
+        search(steps=3, **gradcache)
     with pytest.raises(ValidationError, match="multiples of resolution"):
         search(start=100)
     with pytest.raises(ValidationError, match="seeds repeat"):
@@ -148,7 +153,7 @@ def test_the_committed_ceiling_grid_covers_every_card_backend_and_allocator():
     forty = next(column for column in table.columns if column.startswith("40 GB"))
     assert table.loc[("pylate", "gradcache", "vanilla"), forty] == tables.NO_SEARCH
     assert (table != "").all().all() and (table == tables.NO_SEARCH).sum().sum() == 2 * 4
-    assert all(s.steps >= 8 and s.grid == "ceilings" for s in searches)
+    assert all(s.steps == (4 if s.regime == "gradcache" else 8) and s.grid == "ceilings" for s in searches)
     # three seeds each, but GradCache's, whose probes take up to a quarter of an hour: one seed (the
     # ceilings page computes why), and three for one search, the regime's own check
     assert all(len(s.seeds) >= 3 for s in searches if s.regime != "gradcache")

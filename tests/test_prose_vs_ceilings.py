@@ -641,3 +641,61 @@ def test_every_page_with_a_table_of_ceilings_shows_the_one_key():
         assert ("compact=True" in call) == ("decision.answer(" in code), path.name
         assert ("figure=True" in call) == ("plot_decision(" in code or "plot_ceiling_bars(" in code), path.name
     assert sorted(shown) == ["ceilings", "colpali", "gathered", "intro"]
+
+
+def test_a_regime_whose_probes_train_fewer_steps_rests_on_its_longer_cells_never_rising_after_them():
+    """ceilings.md / pylate-gradcache.md: GradCache probes train 4 steps (harness.search.MIN_STEPS_OF) because
+    its longer cells reserved nothing more after their 4th step; the sentence is computed from those cells, says
+    where one rose, and contrasts the regimes that keep 8 steps."""
+    cached = CeilingSearch(stack="pylate", regime="gradcache", variant="lik", mini_batch_size=64, card="native",
+                           seeds=(42,), steps=4, start=1024, limit=16384, resolution=512)  # fmt: skip
+    checkpointed = CeilingSearch(stack="pylate", regime="grad-checkpoint", variant="vanilla", card="h100-80gb",
+                                 seeds=(42,), start=512, limit=4096, resolution=32)  # fmt: skip
+    longer = [probe_result(CeilingSearch(**cached.model_dump() | {"steps": 9}), batch, 42,
+                           [14_000.0, 14_500.0, 14_501.0, 14_502.0, 14_503.5, 14_501.0, 14_500.0, 14_500.0, 14_500.0],
+                           [15_000.0, 15_600.0, 15_600.0, 15_600.0, 15_600.0, 15_600.0, 15_600.0, 15_600.0, 15_600.0])
+              for batch in (1024, 4096)]  # fmt: skip
+    short = probe_result(cached, 2048, 42, [1.0] * 4, [1.0] * 4)  # trained no longer than a probe: not evidence
+    rising = probe_result(checkpointed, 512, 42, [9_000.0] * 8, [10_000.0] * 5 + [10_140.0] * 3)
+    results = data.Results(Path("."), tuple((Path(f"{r.cell_id}.json"), r) for r in [*longer, short, rising]), ())
+    check = data.steps_check(results, "pylate", "gradcache", 4)
+    assert check == data.StepsCheck("pylate", "gradcache", 4, 2, 9, (1024, 4096), 1.5, 0.0, ())
+    assert check.holds
+    assert data.steps_check(results, "pylate", "grad-checkpoint", 4).rose == (rising.cell_id,)
+    rows = [data.SearchRow(search=cached, ceiling=Ceiling(next_batch=1024), probes=0, usable_gib=139.8),
+            data.SearchRow(search=checkpointed, ceiling=Ceiling(fits=512, fails=544), probes=3, usable_gib=78.4)]
+    assert prose.fewer_steps_reading(rows, results) == (
+        "The PyLate GradCache search trains 4 steps a probe, not 8: in each of the 2 committed PyLate GradCache cells "
+        "that trained longer (9 steps or more, at B = 1,024 and 4,096), the most the allocator reserved in a step was "
+        "reached within the first 4, and the allocated peak rose after them by at most 1.50 MiB — so at those batches, "
+        "4 steps see what the longer runs had to fit. Not so in the regimes that keep 8: in the one committed PyLate "
+        "gradient-checkpointing cell that trained longer, the most the allocator reserved rose after step 4, by up to "
+        "140 MiB.")  # fmt: skip
+    # a longer cell whose reserved peak rose after the probe's steps withdraws the rule; no longer cell neither
+    grew = longer[0].model_copy(update={"step_peak_reserved_per_step_mib": [15_000.0] * 5 + [15_064.0] * 4})
+    for evidence in ([grew, longer[1]], [short]):
+        alone = data.Results(Path("."), tuple((Path(f"{r.cell_id}.json"), r) for r in evidence), ())
+        assert not data.steps_check(alone, "pylate", "gradcache", 4).holds
+        assert prose.fewer_steps_reading(rows[:1], alone).endswith(
+            "— which does not show that 4 steps see what a longer run must fit.")
+    assert "in 1 of the 2 committed PyLate GradCache cells that trained longer, the most the allocator reserved rose " \
+           "after step 4, by up to 64 MiB" in prose.fewer_steps_reading(rows[:1], data.Results(
+               Path("."), tuple((Path(f"{r.cell_id}.json"), r) for r in [grew, longer[1]]), ()))
+    assert prose.fewer_steps_reading(rows[1:], results) == ""  # every search trains 8: nothing to say
+
+
+def test_the_gradcache_probes_of_4_steps_rest_on_every_committed_gradcache_cell_reserving_nothing_after_step_4(searches):
+    """grids/ceilings.yaml: the GradCache searches train 4 steps a probe. This fails the day a committed GradCache
+    cell that trained longer reserved more after its 4th step (then those searches must train more), and checks
+    that the regimes keeping 8 steps would have missed a later peak with 4 (why the exception is GradCache's)."""
+    from harness.search import MIN_STEPS, MIN_STEPS_OF
+
+    results = data.read()
+    fewer = {(row.stack, row.regime, row.search.steps) for row in searches if row.search.steps < MIN_STEPS}
+    assert fewer == {("pylate", "gradcache", MIN_STEPS_OF["gradcache"])}
+    for stack, regime, steps in fewer:
+        check = data.steps_check(results, stack, regime, steps)
+        assert check.cells >= 9 and check.holds, check
+        assert f"the most the allocator reserved in a step was reached within the first {steps}" in \
+            prose.fewer_steps_reading(searches, results)
+    assert data.steps_check(results, "colpali", "plain", 4).rose  # ColQwen2's reserved peak grows past step 4

@@ -307,6 +307,51 @@ def seed_effect(source: Source, stack: str) -> SeedEffect:
     return SeedEffect(stack, regimes, len(runs), compared, alloc, reserved, tuple(sorted(differing)), tuple(sorted(lengths)))
 
 
+@dataclasses.dataclass(frozen=True)
+class StepsCheck:
+    """Whether a regime's probes of fewer steps than the rest (:data:`harness.search.MIN_STEPS_OF`) see
+    what a longer run sees: every committed cell of the regime that trained more steps than a probe, and
+    how far its peaks rose after the probe's steps."""
+
+    stack: str
+    regime: str
+    steps: int  # what the regime's probes train
+    cells: int  # the regime's committed cells that trained more steps (and every one of them)
+    least: int  # the fewest steps one of them trained (0: none)
+    batches: tuple[int, ...]  # their batch sizes
+    alloc_rise_mib: float  # the most a cell's allocated peak rose after ``steps`` steps
+    reserved_rise_mib: float  # the same for reserved: what must fit the card
+    rose: tuple[str, ...]  # the cells whose reserved peak rose after them
+
+    @property
+    def holds(self) -> bool:
+        """A probe of ``steps`` steps reserves what the longer runs did: there are some, and none rose."""
+        return bool(self.cells) and not self.rose
+
+
+def steps_check(source: Source, stack: str, regime: str, steps: int) -> StepsCheck:
+    """How far the peaks of ``stack``'s ``regime`` cells that trained more than ``steps`` steps rose after
+    their first ``steps`` (:class:`StepsCheck`), over every report grid: what a probe of ``steps`` rests on."""
+    alloc = reserved = 0.0
+    lengths, rose, batches = [], [], set()
+    for _, result in results_of(source).found:
+        spec = result.spec
+        done = result.step_peak_reserved_per_step_mib
+        if (not isinstance(spec, TrainSpec) or (spec.stack, spec.regime) != (stack, regime) or result.outcome != "ok"
+                or len(done) <= steps):  # fmt: skip
+            continue
+        lengths.append(len(done))
+        batches.add(spec.batch_size)
+        allocated = result.step_peak_alloc_per_step_mib
+        alloc = max(alloc, max(allocated) - max(allocated[:steps]))
+        rise = max(done) - max(done[:steps])
+        reserved = max(reserved, rise)
+        if rise > 0:
+            rose.append(result.cell_id)
+    return StepsCheck(stack, regime, steps, len(lengths), min(lengths, default=0), tuple(sorted(batches)), alloc, reserved,
+                      tuple(sorted(rose)))  # fmt: skip
+
+
 def _largest_gap(one: Sequence[float], other: Sequence[float]) -> float:
     """The largest difference between two runs' per-step values at any step both recorded (0 if none)."""
     return max((abs(a - b) for a, b in zip(one, other, strict=False)), default=0.0)

@@ -25,6 +25,7 @@ from harness.report.data import (
     SeedEffect,
     SharedCheck,
     Source,
+    StepsCheck,
     VouchScope,
     _cell_specs,
     backend_label,
@@ -38,6 +39,7 @@ from harness.report.data import (
     probes_of,
     published_op,
     results_of,
+    steps_check,
     timed_checks,
 )
 from harness.report.tables import (
@@ -80,7 +82,7 @@ from harness.report.text import (
     span,
 )
 from harness.results import CellResult, Skipped
-from harness.search import AUTOTUNE, CURRENT_DRAW, REFERENCE_GPU, STEADY, load_searches
+from harness.search import AUTOTUNE, CURRENT_DRAW, MIN_STEPS, REFERENCE_GPU, STEADY, load_searches
 from harness.spec import CARDS
 
 # ---- measured cells ------------------------------------------------------------------------------
@@ -616,6 +618,61 @@ def one_seed_reading(searches: Sequence[SearchRow], effects: Sequence[SeedEffect
         text += (f" Not so everywhere: {'; '.join(_seed_words(effect) for effect in others)}; "
                  f"{'its' if len(others) == 1 else 'their'} searches keep every seed.")  # fmt: skip
     return text
+
+
+# a regime as a sentence names it
+REGIME_SPOKEN = {("pylate", "gradcache"): "PyLate GradCache", ("pylate", "grad-checkpoint"): "PyLate gradient-checkpointing",
+                 ("pylate", "plain"): "PyLate no-checkpointing", ("colpali", "plain"): "ColQwen2"}  # fmt: skip
+
+
+def _steps_words(check: StepsCheck) -> str:
+    """How far one regime's longer cells' peaks rose after ``check.steps`` steps, in words."""
+    name = REGIME_SPOKEN.get((check.stack, check.regime), f"{check.stack} {check.regime}")
+    if not check.cells:
+        return f"no committed {name} cell has trained more than {check.steps} steps yet"
+    if not check.rose:
+        batches = joined([f"{batch:,}" for batch in check.batches])
+        return (f"in each of the {counted(check.cells, f'committed {name} cell')} that trained longer ({check.least} "
+                f"steps or more, at B = {batches}), the most the allocator reserved in a step was reached within the "
+                f"first {check.steps}, and the allocated peak rose after them by at most "
+                f"{check.alloc_rise_mib:.2f} MiB")  # fmt: skip
+    rise = (f"{check.reserved_rise_mib * GIB_PER_MIB:.2f} GiB" if check.reserved_rise_mib >= 1024
+            else f"{check.reserved_rise_mib:.0f} MiB")  # fmt: skip
+    cells = counted(check.cells, f"committed {name} cell")
+    which = (("the one " if check.cells == 1 else f"all {check.cells} ") + cells.split(" ", 1)[1]
+             if len(check.rose) == check.cells else f"{len(check.rose)} of the {cells}")  # fmt: skip
+    return f"in {which} that trained longer, the most the allocator reserved rose after step {check.steps}, by up to {rise}"
+
+
+def fewer_steps_reading(searches: Sequence[SearchRow], source: Source = None) -> str:
+    """Which searches train fewer steps a probe than the rest (:data:`harness.search.MIN_STEPS_OF`), and
+    the data that rests on: how far the peaks of that regime's committed cells that trained longer rose
+    after the probe's steps (:func:`harness.report.data.steps_check`), then the same for the regimes that
+    keep every step, for contrast. Empty where every search trains the same steps."""
+    fewer = [row for row in searches if row.search.steps < MIN_STEPS]
+    if not fewer:
+        return ""
+    results = results_of(source)
+    parts = []
+    groups: dict[tuple[str, str, int], list[SearchRow]] = {}
+    for row in fewer:
+        groups.setdefault((row.stack, row.regime, row.search.steps), []).append(row)
+    for (stack, regime, steps), rows in groups.items():
+        check = steps_check(results, stack, regime, steps)
+        name = REGIME_SPOKEN.get((stack, regime), f"{stack} {regime}")
+        searched = f"The {name} search trains" if len(rows) == 1 else f"The {len(rows)} {name} searches train"
+        text = f"{searched} {steps} steps a probe, not {MIN_STEPS}: {_steps_words(check)}"
+        if not check.holds:
+            text += f" — which does not show that {steps} steps see what a longer run must fit."
+        else:
+            text += f" — so at those batches, {steps} steps see what the longer runs had to fit."
+        others = [steps_check(results, *key, steps) for key in dict.fromkeys(
+            (row.stack, row.regime) for row in searches if row.search.steps >= MIN_STEPS)]  # fmt: skip
+        missed = [other for other in others if other.rose]
+        if missed:
+            text += (f" Not so in the regimes that keep {MIN_STEPS}: {'; '.join(_steps_words(other) for other in missed)}.")
+        parts.append(text)
+    return " ".join(parts)
 
 
 # ---- the results folder --------------------------------------------------------------------------
