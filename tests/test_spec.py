@@ -13,7 +13,7 @@ import yaml
 from harness import spec as registry
 from harness.grid import EXPANDABLE, grid_names, load_grid
 from harness.results import load_result, result_paths
-from harness.search import load_searches
+from harness.search import MIN_STEPS, MIN_STEPS_OF, load_searches
 from harness.spec import (
     DEFAULT_SEED,
     OpSpec,
@@ -103,7 +103,8 @@ def test_every_ceiling_search_makes_its_probes_specs():
     assert len(searches) == expected
     for search in searches:
         probe = search.probe(search.start, search.seeds[0])
-        assert isinstance(probe, TrainSpec) and probe.steps >= 8 and search.owns(probe)
+        assert isinstance(probe, TrainSpec) and search.owns(probe)
+        assert probe.steps >= MIN_STEPS_OF.get(search.regime, MIN_STEPS) and probe.steps == search.steps
         assert probe.cell_id.startswith(f"{search.stack}-{search.regime}-b{search.start}-")
 
 
