@@ -222,3 +222,32 @@ def test_the_checkpointing_comparison_pairs_cells_of_one_batch_backend_and_card(
     for row in pairs:
         assert f"{row['backend']} at B = {row['batch_size']}" in text and f"{row['steady_step_time_sec']:.2f} s against" in text
     assert scaling.against_checkpointing(cells.assign(times_comparable=False)) == ""
+
+
+def test_the_fused_backends_reach_is_a_line_through_their_measured_peaks_labelled_as_extrapolated(committed):
+    """pylate-gradcache.md: where a fused backend's GradCache step peak would fill each capped card, from a
+    least-squares line through its measured batches plus the reserved-above-allocated of the largest."""
+    frame = pd.DataFrame({
+        "stack": "pylate", "regime": "gradcache", "variant": ["lik", "lik", "flash", "vanilla", "lik"],
+        "backend": ["lik", "lik", "flash", "vanilla", "lik"], "batch_size": [1000, 3000, 1000, 1000, 9000],
+        "outcome": ["ok", "ok", "ok", "ok", "oom"], "step_peak_alloc_mib": [10_000.0, 11_000.0, 10_000.0, 9.0, 1.0],
+        "step_peak_reserved_mib": [10_500.0, 11_800.0, 10_400.0, 9.0, 1.0], "card": "native"})  # fmt: skip
+    (lik,) = scaling.fused_reach(frame)  # flash has one batch, vanilla builds the grid, the OOM cell is no peak
+    assert (lik.backend, lik.batches, lik.reserved_above_mib) == ("lik", (1000, 3000), 800.0)
+    assert lik.per_sample_mib == pytest.approx(0.5)
+    for name, card in CARDS.items():
+        if card.usable_gib is not None:
+            assert lik.over[name] == round((card.usable_gib * 1024 - 800.0 - 9_500.0) / 0.5, -2)
+    words = scaling.fused_reach_words([lik])
+    assert words.startswith("Predicted for the fused backends, extrapolated from the measured batches (B = 1,000 and "
+                            "3,000): a straight line through each one's step peaks (lik 0.50 MiB a sample)")
+    assert f"lik would fill 24 GB at B ≈ {lik.over['rtx4090-24gb']:,}" in words
+    assert words.endswith("A line through two batches, not a measurement: the ceiling searches decide.")
+    assert scaling.fused_reach(frame[frame["batch_size"] == 1000]) == [] and scaling.fused_reach_words([]) == ""
+    # the committed cells: every fused backend measured at two batches or more is on the page's first screen
+    cells, calls = _gradcache(committed)
+    reach = scaling.fused_reach(cells)
+    assert {r.backend for r in reach} == {"lik", "flash"}
+    assert scaling.fused_reach_words(reach) in scaling.gradcache_reading(cells, calls)
+    for r in reach:  # the 24 GB searches start below the prediction (grids/ceilings.yaml)
+        assert 0.3 < r.per_sample_mib < 0.4 and r.over["rtx4090-24gb"] > 25_600

@@ -262,7 +262,63 @@ def gradcache_reading(cells: pd.DataFrame, calls: pd.DataFrame, noise: float | N
                      "card's usable memory " + "; ".join(parts) + ". Vanilla stops at or before these batches (the call "
                      "sits on top of the cached embeddings, the weights and the optimizer); the fused backends never "
                      "build that grid.")  # fmt: skip
+    fused_words = fused_reach_words(fused_reach(cells))
+    if fused_words:
+        lines.append(fused_words)
     return lines
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedReach:
+    """A fused backend's GradCache step peak as a line through its measured batches, and where that line
+    (plus what the allocator reserved above the peak at the largest batch) passes each capped card."""
+
+    backend: str
+    batches: tuple[int, ...]  # the measured batches the line goes through
+    per_sample_mib: float  # its slope
+    reserved_above_mib: float  # reserved less allocated at the largest measured batch
+    over: dict[str, int]  # card: the first batch predicted not to fit (rounded to 100)
+
+
+def fused_reach(cells: pd.DataFrame) -> list[FusedReach]:
+    """Per fused backend with GradCache cells that trained at two batches or more: a least-squares line through
+    its step peaks (allocated, the mean per batch) and the first batch whose peak plus the reserved-above-allocated
+    of its largest batch passes each capped card's usable memory. An extrapolation, labelled as one."""
+    chosen = gradcache_cells(cells)
+    if chosen.empty:
+        return []
+    chosen = chosen[(chosen["variant"] != "vanilla") & (chosen["outcome"] == "ok")]
+    out = []
+    for backend in style.in_order(chosen["backend"].unique()):
+        mine = chosen[chosen["backend"] == backend]
+        by_batch = mine.groupby("batch_size")[["step_peak_alloc_mib", "step_peak_reserved_mib"]].mean()
+        if len(by_batch) < 2:
+            continue
+        batches = by_batch.index.to_numpy(dtype=float)
+        slope, intercept = np.polyfit(batches, by_batch["step_peak_alloc_mib"].to_numpy(), 1)
+        if slope <= 0:
+            continue
+        largest = by_batch.iloc[-1]
+        above = float(largest["step_peak_reserved_mib"] - largest["step_peak_alloc_mib"])
+        over = {name: int(round((card.usable_gib * 1024 - above - intercept) / slope, -2))
+                for name, card in CARDS.items() if card.usable_gib is not None}  # fmt: skip
+        out.append(FusedReach(backend, tuple(int(b) for b in by_batch.index), float(slope), above, over))
+    return out
+
+
+def fused_reach_words(reach: Sequence[FusedReach]) -> str:
+    """The fused backends' predicted reach in words (empty where none has two measured batches)."""
+    if not reach:
+        return ""
+    batches = joined([f"{batch:,}" for batch in sorted({b for r in reach for b in r.batches})])
+    slopes = joined([f"{r.backend} {r.per_sample_mib:.2f} MiB a sample" for r in reach])
+    parts = [f"{r.backend} would fill " + joined([f"{card_short(name)} at B ≈ {batch:,}" for name, batch in r.over.items()])
+             + f" ({r.reserved_above_mib:.0f} MiB reserved above its peak)" for r in reach]  # fmt: skip
+    return (f"Predicted for the fused backends, extrapolated from the measured batches (B = {batches}): a straight "
+            f"line through each one's step peaks ({slopes}) plus what the allocator reserved above the peak at the "
+            f"largest batch — {'; '.join(parts)}. A line through "
+            f"{'two batches' if max(len(r.batches) for r in reach) == 2 else 'few batches'}, not a measurement: the "
+            "ceiling searches decide.")  # fmt: skip
 
 
 def _peak_sentences(ran: pd.DataFrame, calls: pd.DataFrame) -> list[str]:
