@@ -49,9 +49,10 @@ MIN_STEPS = 8
 # batch has the same shapes (PyLate pads queries and documents to fixed lengths) and the loss frees the
 # encoder's activations after each mini-batch, so a step repeats the one before; its steps are long (tens
 # of seconds at B in the thousands, linear in B), so an 8-step probe near the fused backends' ceilings
-# outlasts a session's device time. The GradCache page computes, from every committed GradCache cell,
-# how much its peaks rose after this many steps, and tests/test_scaling.py fails the day a reserved peak
-# does (a probe of fewer steps would then have missed what must fit).
+# outlasts a session's device time. The ceilings and GradCache pages compute, from every committed GradCache
+# cell that trained longer, how much its peaks rose after this many steps (harness.report.data.steps_check),
+# and tests/test_prose_vs_ceilings.py fails the day a reserved peak does (a probe of fewer steps would then
+# have missed what must fit).
 MIN_STEPS_OF = {"gradcache": 4}
 CURRENT_DRAW = "stream"  # the draw of the synthetic data cells train on now: one stream per seed
 SEARCH_FIELDS = ("stack", "regime", "variant", "score_mini_batch_size", "mini_batch_size", "card", "allocator",

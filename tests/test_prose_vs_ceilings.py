@@ -404,6 +404,11 @@ def probe_result(search: CeilingSearch, batch: int, seed: int, alloc: list[float
                       step_peak_alloc_per_step_mib=alloc, step_peak_reserved_per_step_mib=reserved)  # fmt: skip
 
 
+def made_results(made) -> data.Results:
+    """Results as the report reads them, of results made in a test (each at its cell id's file name)."""
+    return data.Results(Path("."), tuple((Path(f"{result.cell_id}.json"), result) for result in made), ())
+
+
 def test_a_search_with_fewer_dataloader_workers_answers_for_the_recipe_s_and_checks_the_gpu_bytes():
     from harness.search import Probes
 
@@ -444,8 +449,6 @@ def test_a_search_with_fewer_dataloader_workers_answers_for_the_recipe_s_and_che
 
 
 def test_what_the_seed_changed_is_read_from_the_probes_and_backs_the_searches_that_train_one_seed():
-    from pathlib import Path
-
     from harness.results import OpCall
 
     def call(query: int, document: int) -> OpCall:
@@ -465,7 +468,7 @@ def test_what_the_seed_changed_is_read_from_the_probes_and_backs_the_searches_th
                    probe_result(recipe, 128, 43, [72_000.0], [79_000.0]).model_copy(update={"outcome": "oom"})]
     recipe_made = [result.model_copy(update={"maxsim_calls_in_train": [call(40 + i, 770)]})
                    for i, result in enumerate(recipe_made)]  # fmt: skip
-    results = data.Results(Path("."), tuple((Path(f"{r.cell_id}.json"), r) for r in made + recipe_made), ())
+    results = made_results(made + recipe_made)
     effects = [data.seed_effect(results, "pylate"), data.seed_effect(results, "colpali")]
     assert effects == [data.SeedEffect("pylate", ("gradcache",), 1, 2, 2.0, 0.0, (), ((48, 300),)),
                        data.SeedEffect("colpali", ("plain",), 1, 1, 2000.0, 4000.0,
@@ -657,7 +660,7 @@ def test_a_regime_whose_probes_train_fewer_steps_rests_on_its_longer_cells_never
               for batch in (1024, 4096)]  # fmt: skip
     short = probe_result(cached, 2048, 42, [1.0] * 4, [1.0] * 4)  # trained no longer than a probe: not evidence
     rising = probe_result(checkpointed, 512, 42, [9_000.0] * 8, [10_000.0] * 5 + [10_140.0] * 3)
-    results = data.Results(Path("."), tuple((Path(f"{r.cell_id}.json"), r) for r in [*longer, short, rising]), ())
+    results = made_results([*longer, short, rising])
     check = data.steps_check(results, "pylate", "gradcache", 4)
     assert check == data.StepsCheck("pylate", "gradcache", 4, 2, 9, (1024, 4096), 1.5, 0.0, ())
     assert check.holds
@@ -674,13 +677,12 @@ def test_a_regime_whose_probes_train_fewer_steps_rests_on_its_longer_cells_never
     # a longer cell whose reserved peak rose after the probe's steps withdraws the rule; no longer cell neither
     grew = longer[0].model_copy(update={"step_peak_reserved_per_step_mib": [15_000.0] * 5 + [15_064.0] * 4})
     for evidence in ([grew, longer[1]], [short]):
-        alone = data.Results(Path("."), tuple((Path(f"{r.cell_id}.json"), r) for r in evidence), ())
+        alone = made_results(evidence)
         assert not data.steps_check(alone, "pylate", "gradcache", 4).holds
         assert prose.fewer_steps_reading(rows[:1], alone).endswith(
             "— which does not show that 4 steps see what a longer run must fit.")
     assert "in 1 of the 2 committed PyLate GradCache cells that trained longer, the most the allocator reserved rose " \
-           "after step 4, by up to 64 MiB" in prose.fewer_steps_reading(rows[:1], data.Results(
-               Path("."), tuple((Path(f"{r.cell_id}.json"), r) for r in [grew, longer[1]]), ()))
+           "after step 4, by up to 64 MiB" in prose.fewer_steps_reading(rows[:1], made_results([grew, longer[1]]))
     assert prose.fewer_steps_reading(rows[1:], results) == ""  # every search trains 8: nothing to say
 
 

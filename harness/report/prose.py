@@ -77,6 +77,7 @@ from harness.report.text import (
     percent,
     ran_out_of_host_memory,
     regime_label,
+    regime_spoken,
     regime_words,
     requested_mib,
     span,
@@ -620,14 +621,9 @@ def one_seed_reading(searches: Sequence[SearchRow], effects: Sequence[SeedEffect
     return text
 
 
-# a regime as a sentence names it
-REGIME_SPOKEN = {("pylate", "gradcache"): "PyLate GradCache", ("pylate", "grad-checkpoint"): "PyLate gradient-checkpointing",
-                 ("pylate", "plain"): "PyLate no-checkpointing", ("colpali", "plain"): "ColQwen2"}  # fmt: skip
-
-
 def _steps_words(check: StepsCheck) -> str:
     """How far one regime's longer cells' peaks rose after ``check.steps`` steps, in words."""
-    name = REGIME_SPOKEN.get((check.stack, check.regime), f"{check.stack} {check.regime}")
+    name = regime_spoken(check.stack, check.regime)
     if not check.cells:
         return f"no committed {name} cell has trained more than {check.steps} steps yet"
     if not check.rose:
@@ -638,9 +634,11 @@ def _steps_words(check: StepsCheck) -> str:
                 f"{check.alloc_rise_mib:.2f} MiB")  # fmt: skip
     rise = (f"{check.reserved_rise_mib * GIB_PER_MIB:.2f} GiB" if check.reserved_rise_mib >= 1024
             else f"{check.reserved_rise_mib:.0f} MiB")  # fmt: skip
-    cells = counted(check.cells, f"committed {name} cell")
-    which = (("the one " if check.cells == 1 else f"all {check.cells} ") + cells.split(" ", 1)[1]
-             if len(check.rose) == check.cells else f"{len(check.rose)} of the {cells}")  # fmt: skip
+    noun = f"committed {name} cell" + ("" if check.cells == 1 else "s")
+    if len(check.rose) < check.cells:
+        which = f"{len(check.rose)} of the {check.cells} {noun}"
+    else:
+        which = f"the one {noun}" if check.cells == 1 else f"all {check.cells} {noun}"
     return f"in {which} that trained longer, the most the allocator reserved rose after step {check.steps}, by up to {rise}"
 
 
@@ -659,7 +657,7 @@ def fewer_steps_reading(searches: Sequence[SearchRow], source: Source = None) ->
         groups.setdefault((row.stack, row.regime, row.search.steps), []).append(row)
     for (stack, regime, steps), rows in groups.items():
         check = steps_check(results, stack, regime, steps)
-        name = REGIME_SPOKEN.get((stack, regime), f"{stack} {regime}")
+        name = regime_spoken(stack, regime)
         searched = f"The {name} search trains" if len(rows) == 1 else f"The {len(rows)} {name} searches train"
         text = f"{searched} {steps} steps a probe, not {MIN_STEPS}: {_steps_words(check)}"
         if not check.holds:

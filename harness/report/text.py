@@ -397,6 +397,16 @@ def regime_words(stack: str, regime: str) -> str:
     return REGIME_WORDS.get((stack, regime), regime)
 
 
+# a regime as a sentence names it ("in 23 of the 182 committed PyLate gradient-checkpointing cells")
+REGIME_SPOKEN = {("pylate", "gradcache"): "PyLate GradCache", ("pylate", "grad-checkpoint"): "PyLate gradient-checkpointing",
+                 ("pylate", "plain"): "PyLate no-checkpointing", ("colpali", "plain"): "ColQwen2"}  # fmt: skip
+
+
+def regime_spoken(stack: str, regime: str) -> str:
+    """A regime as a sentence names it: 'PyLate GradCache', 'ColQwen2' (its one regime, colpali-engine's recipe)."""
+    return REGIME_SPOKEN.get((stack, regime), f"{stack} {regime}")
+
+
 def regime_label(stack: str, regime: str) -> str:
     """'pylate · grad-checkpoint', 'colpali · recipe (grad-checkpointed)': a stack and regime for a page."""
     return f"{stack} · {regime_words(stack, regime)}"
