@@ -227,7 +227,7 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
         env=environment.collect(device, spec.card, card_cap, spec.seed, model_source, data_source),
         wall_sec=time.perf_counter() - started,
         phase_sec=phases,
-        timing=timing_context(device, neighbours),
+        timing=timing_context(device, neighbours, spec.world_size if spec.ranks_share_gpu else 1),
         loss_per_step=[] if trace is None else trace.loss_per_step,
         grad_norm_per_step=[] if trace is None else trace.grad_norm_per_step,
         parity=parity,
@@ -252,11 +252,14 @@ def progress_of(spec: TrainSpec, timer: StepTimer, device: torch.device) -> Prog
     )
 
 
-def timing_context(device: torch.device, neighbours: host.HostWatch) -> Timing:
-    """The timing rule (:mod:`harness.host`) as this cell met it."""
+def timing_context(device: torch.device, neighbours: host.HostWatch, ranks_on_gpu: int = 1) -> Timing:
+    """The timing rule (:mod:`harness.host`) as this cell met it; ``ranks_on_gpu``: the ranks of a
+    data-parallel cell that share its one GPU (``ranks_share_gpu``), whose times are never the card's."""
     shared = gpu_gate.share_gib() is not None
     if device.type != "cuda":
         reason: str | None = "timed on the CPU"
+    elif ranks_on_gpu > 1:
+        reason = f"its {ranks_on_gpu} ranks shared one GPU (ranks_share_gpu)"
     elif shared:
         reason = "measured beside other cells on its GPU (--share-gpu)"
     elif neighbours.most_sharing_cpus:

@@ -14,6 +14,13 @@ A rank that runs out of memory writes its result and exits with :data:`RANK_FAIL
 stops the others, which would otherwise wait in the next all-reduce until the collective's timeout;
 they are recorded as ``stopped``. The ranks' files live in a scratch folder beside the output
 (:func:`rank_folder`), removed once the cell's result is written.
+
+Where a host lends fewer GPUs than ranks, a cell may put every rank on one GPU
+(``spec.ranks_share_gpu``): NCCL refuses two ranks on one device, so the trainer's process group runs
+on gloo (``ddp_backend``), which gathers CUDA tensors through host memory. Each rank's peaks are
+still its own process's allocator's, so its bytes are measured as on its own GPU, but for the
+collectives' buffers (NCCL's live outside PyTorch's allocator; gloo's backward of the gather
+stacks the ranks' gradients where NCCL reduce-scatters them); its times are never published.
 """
 
 from __future__ import annotations
@@ -60,14 +67,20 @@ def command(spec: TrainSpec, folder: Path, grid: str | None, notebook: Path | No
 
 
 def check_devices(spec: TrainSpec) -> None:
-    """Refuse, before any rank starts, a world size larger than the GPUs this process sees."""
+    """Refuse, before any rank starts, a cell needing more GPUs than this process sees."""
     if spec.device != "cuda":
         return
     import torch
 
-    if (count := torch.cuda.device_count()) < spec.world_size:
-        raise ValueError(f"world_size {spec.world_size} needs {spec.world_size} GPUs, one per rank; this process sees "
-                         f"{count} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}).")  # fmt: skip
+    if (count := torch.cuda.device_count()) < spec.gpus:
+        per = "one per rank" if spec.gpus > 1 else "its ranks share it"
+        raise ValueError(f"world_size {spec.world_size} needs {spec.gpus} GPU{'s' if spec.gpus > 1 else ''}, {per}; this "
+                         f"process sees {count} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}).")  # fmt: skip
+
+
+def rank_device(spec: TrainSpec, local_rank: int) -> int:
+    """The CUDA device index of a rank: its own GPU, or the one its ranks share (``ranks_share_gpu``)."""
+    return 0 if spec.ranks_share_gpu else local_rank
 
 
 def launch(spec: TrainSpec, output: Path, grid: str | None = None, notebook: Path | None = None) -> CellResult:
@@ -159,10 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = TrainSpec(**json.loads(args.spec.read_text()))
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    if spec.ranks_share_gpu:
+        # every rank is local rank 0 of its GPU: accelerate and transformers then place it on cuda:0 (and name that
+        # device in the barrier), where LOCAL_RANK 1 would ask for a second GPU this process cannot see
+        os.environ["LOCAL_RANK"] = "0"
     if spec.device == "cuda":
         import torch
 
-        torch.cuda.set_device(local_rank)  # before the cell's probe resolves "cuda" to this rank's device
+        torch.cuda.set_device(rank_device(spec, local_rank))  # before the cell's probe resolves "cuda" to it
     from harness.cell import run_cell
 
     result = run_cell(spec, args.folder / f"rank{rank}.json", grid=args.grid, notebook=args.notebook)

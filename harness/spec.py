@@ -251,6 +251,10 @@ class TrainSpec:
         default=False, metadata={"help": "negatives gathered across ranks: each rank scores its queries against every "
                                          "rank's documents (PyLate's gather_across_devices; colpali-engine's "
                                          "ContrastiveTrainer always gathers under torch.distributed)"})
+    ranks_share_gpu: bool = dataclasses.field(
+        default=False, metadata={"help": "every rank of a data-parallel cell on one GPU, its process group on gloo "
+                                         "(NCCL refuses two ranks on one GPU): each rank's bytes are still its own "
+                                         "process's, its times are never published (harness.ranks)"})
     dataloader_workers: int | None = dataclasses.field(
         default=None, metadata={"help": "colpali only: the trainer's dataloader workers (None: the recipe's 4 on CUDA, "
                                         "none on the CPU); they collate on the host, so they set the host's memory, "
@@ -302,6 +306,11 @@ class TrainSpec:
         if self.stack == "colpali" and self.world_size > 1 and not self.gather:
             raise SpecError("colpali-engine's ContrastiveTrainer always gathers the documents across processes: a "
                             "colpali cell of world_size above 1 needs gather: true.")  # fmt: skip
+        if not isinstance(self.ranks_share_gpu, bool):
+            raise SpecError(f"ranks_share_gpu must be true or false, got {self.ranks_share_gpu!r}.")
+        if self.ranks_share_gpu and (self.world_size < 2 or self.device == "cpu"):
+            raise SpecError("ranks_share_gpu puts the ranks of a data-parallel cell on one GPU: it needs world_size of "
+                            f"2 or more and device cuda, got world_size {self.world_size} on {self.device}.")  # fmt: skip
         _positive("dataloader_workers", self.dataloader_workers, allow_none=True, minimum=0)
         if self.dataloader_workers is not None and self.stack != "colpali":
             raise SpecError(f"dataloader_workers is colpali-engine's recipe's (4 workers); the {self.stack} stack collates "
@@ -337,8 +346,15 @@ class TrainSpec:
 
     @property
     def ranks_id(self) -> str:
-        """``-w2-gather``: the world size (above 1) and gathered negatives name a cell only when set."""
-        return (f"-w{self.world_size}" if self.world_size > 1 else "") + ("-gather" if self.gather else "")
+        """``-w2-gather``: the world size (above 1), gathered negatives and ranks sharing one GPU
+        (``-onegpu``) name a cell only when set."""
+        return ((f"-w{self.world_size}" if self.world_size > 1 else "") + ("-gather" if self.gather else "")
+                + ("-onegpu" if self.ranks_share_gpu else ""))  # fmt: skip
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs the cell owns: one per rank, or one for all its ranks (``ranks_share_gpu``)."""
+        return 1 if self.ranks_share_gpu else self.world_size
 
     @property
     def title(self) -> str:
@@ -347,7 +363,8 @@ class TrainSpec:
             chunk = f" · mini-batch {self.mini_batch_size}{chunk}"
         allocator = f" · {self.allocator} allocator" if self.allocator != "default" else ""
         seed = f" · seed {self.seed}" if self.seed != DEFAULT_SEED else ""
-        ranks = (f" · {self.world_size} GPUs" if self.world_size > 1 else "") + (" · gathered" if self.gather else "")
+        ranks = (f" · {self.world_size} GPUs" if self.world_size > 1 and not self.ranks_share_gpu else "") \
+            + (f" · {self.world_size} ranks on one GPU" if self.ranks_share_gpu else "") + (" · gathered" if self.gather else "")
         workers = "" if self.dataloader_workers is None else \
             f" · {self.dataloader_workers} dataloader worker{'' if self.dataloader_workers == 1 else 's'}"
         return (f"{self.stack} · {self.regime} · B={self.batch_size} · {self.variant}{chunk} · {self.card}{allocator}"

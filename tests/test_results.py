@@ -86,7 +86,7 @@ def test_round_trip_keeps_every_field(tmp_path):
                               "allocator": "default", "steps": 2,
                               "warmup_steps": 1, "min_steady_steps": 0, "seed": 42, "preset": "full", "device": "cuda",
                               "model_source": None,
-                              "data_source": None, "trace": False, "world_size": 1, "gather": False,
+                              "data_source": None, "trace": False, "world_size": 1, "gather": False, "ranks_share_gpu": False,
                               "dataloader_workers": None}  # fmt: skip
     assert "batch_size" not in stored and "stack" not in stored
     loaded = load_result(path)

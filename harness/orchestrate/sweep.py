@@ -6,8 +6,8 @@ of that cell (truncated, foreign, another spec) is set aside as ``*.broken`` —
 the cell runs again. Cells run one after another on one GPU, or one per GPU with ``--gpus`` (with
 ``--share-gpu``, capped cells side by side on a GPU, their bytes measured and their times never
 published, as for ceiling probes; one the device starved is run again alone); a
-data-parallel cell (``world_size`` W > 1) runs after them, on the first W GPUs of ``--gpus``, once
-it holds every one's gate.
+data-parallel cell (``world_size`` W > 1) runs after them, on the first W GPUs of ``--gpus`` (the
+first alone where its ranks share one, ``ranks_share_gpu``), once it holds every one's gate.
 
 Traced cells (``trace: true``, :mod:`harness.trace`) compare with the vanilla cell of their batch
 and seed, which must have finished first: the sweep runs such reference cells before the others
@@ -124,13 +124,14 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
     todo = single + multi  # the indices run() takes: one-GPU cells first, through the pool
     run_on_gpus(len(single), run, gpus, cells_per_gpu, share_gib, pin_cpus)
     for index, cell in enumerate(multi, start=len(single)):  # then each data-parallel cell on its GPU set
-        need = _world(cell)
+        need = _gpus(cell)
         placed = gpu_set(need, gpus)
         if placed is None:
             with lock:
                 runs.append(CellRun(cell, "skipped", 0.0, "", detail=f"needs {need} GPUs"))
-                echo(f"[{len(runs)}/{len(todo)}] {cell.cell_id}: not run — world size {need} needs {need} GPUs, one "
-                     f"per rank; this sweep was given {len(gpus) if gpus else 'none (--gpus)'}")  # fmt: skip
+                per = "one per rank" if need > 1 else "its ranks share it"
+                echo(f"[{len(runs)}/{len(todo)}] {cell.cell_id}: not run — world size {_world(cell)} needs {need} GPU"
+                     f"{'s' if need > 1 else ''}, {per}; this sweep was given {len(gpus) if gpus else 'none (--gpus)'}")  # fmt: skip
             continue
         run(index, *placed)
     echo(summary(cells, layout, time.perf_counter() - started))
@@ -139,6 +140,10 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
 
 def _world(cell: GridCell) -> int:
     return cell.spec.world_size if isinstance(cell.spec, TrainSpec) else 1
+
+
+def _gpus(cell: GridCell) -> int:
+    return cell.spec.gpus if isinstance(cell.spec, TrainSpec) else 1
 
 
 def standing(cell: GridCell, layout: Layout) -> str:

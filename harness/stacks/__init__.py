@@ -74,6 +74,8 @@ def measurement_arguments(params: TrainSpec, device: torch.device) -> dict[str, 
         logging_strategy="no",
         report_to=[],
         disable_tqdm=True,
+        # ranks on one GPU cannot use NCCL (harness.ranks): gloo, the one backend that lets them share it
+        **({"ddp_backend": "gloo"} if params.ranks_share_gpu else {}),
     )
 
 
