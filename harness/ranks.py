@@ -73,9 +73,10 @@ def check_devices(spec: TrainSpec) -> None:
     import torch
 
     if (count := torch.cuda.device_count()) < spec.gpus:
-        per = "one per rank" if spec.gpus > 1 else "its ranks share it"
-        raise ValueError(f"world_size {spec.world_size} needs {spec.gpus} GPU{'s' if spec.gpus > 1 else ''}, {per}; this "
-                         f"process sees {count} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}).")  # fmt: skip
+        per = "GPUs, one per rank" if spec.gpus > 1 else "GPU, its ranks share it"
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+        raise ValueError(f"world_size {spec.world_size} needs {spec.gpus} {per}; this process sees {count} "
+                         f"(CUDA_VISIBLE_DEVICES={visible}).")  # fmt: skip
 
 
 def rank_device(spec: TrainSpec, local_rank: int) -> int:

@@ -4,7 +4,9 @@ the ranks' results, and one real torchrun launch of PyLate's recipe on the CPU (
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,56 @@ def test_a_data_parallel_cell_needs_a_gpu_per_rank_before_it_starts(monkeypatch)
     spec = dataclasses.replace(TrainSpec(**PYLATE, world_size=2), device="cuda")
     with pytest.raises(ValueError, match=r"^world_size 2 needs 2 GPUs, one per rank; this process sees 1"):
         ranks.check_devices(spec)
+
+
+def test_ranks_sharing_one_gpu_are_named_placed_on_it_and_never_timed(monkeypatch, tmp_path: Path):
+    """ranks_share_gpu: a W-rank cell on the one GPU a host lends, its process group on gloo."""
+    import torch
+
+    from harness.cell import timing_context
+    from harness.grid import GridCell
+    from harness.host import HostWatch
+    from harness.orchestrate import sweep
+    from harness.stacks import measurement_arguments
+
+    cuda = dict(PYLATE, device="cuda", world_size=2, gather=True)
+    shared = TrainSpec(**cuda, ranks_share_gpu=True)
+    assert shared.cell_id == "pylate-grad-checkpoint-b8-vanilla-native-w2-gather-onegpu" and shared.gpus == 1
+    assert shared.title.endswith("· 2 ranks on one GPU · gathered") and TrainSpec(**cuda).gpus == 2
+    reason = ("ranks_share_gpu puts the ranks of a data-parallel cell on one GPU: it needs world_size of 2 or more and "
+              "device cuda, got world_size {} on {}.")  # fmt: skip
+    for fields, world, device in ((dict(cuda, world_size=1), 1, "cuda"), (dict(cuda, device="cpu"), 2, "cpu")):
+        with pytest.raises(SpecError) as refused:
+            TrainSpec(**fields, ranks_share_gpu=True)
+        assert str(refused.value) == reason.format(world, device)
+    # one GPU is enough, every rank is placed on it, and the trainer's process group is gloo
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    ranks.check_devices(shared)
+    assert (ranks.rank_device(shared, 1), ranks.rank_device(TrainSpec(**cuda), 1)) == (0, 1)
+    assert measurement_arguments(shared, torch.device("cpu"))["ddp_backend"] == "gloo"
+    assert "ddp_backend" not in measurement_arguments(TrainSpec(**cuda), torch.device("cpu"))
+    assert sweep._gpus(GridCell("multi-gpu", shared)) == 1 and sweep._gpus(GridCell("multi-gpu", TrainSpec(**cuda))) == 2
+    # its times are never the card's
+    timing = timing_context(torch.device("cuda"), HostWatch(), ranks_on_gpu=2)
+    assert (timing.comparable, timing.reason) == (False, "its 2 ranks shared one GPU (ranks_share_gpu)")
+    merged = ranks.merge(shared, [_rank(0).model_copy(update={"spec": shared, "cell_id": shared.cell_id}),
+                                  _rank(1).model_copy(update={"spec": shared, "cell_id": shared.cell_id})])  # fmt: skip
+    assert display.summary(merged)["value"]["data-parallel ranks"] == "2 (torchrun, all on one GPU, gloo)"
+    # under torchrun, rank 1 runs as local rank 0 on cuda:0 (accelerate and transformers read LOCAL_RANK)
+    placed: list[int] = []
+    monkeypatch.setattr(torch.cuda, "set_device", placed.append)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    seen: list[str] = []
+
+    def run_cell(spec, output, grid=None, notebook=None):
+        seen.append(os.environ["LOCAL_RANK"])
+        return merged
+
+    monkeypatch.setattr("harness.cell.run_cell", run_cell)
+    (tmp_path / "spec.json").write_text(json.dumps(dataclasses.asdict(shared)))
+    assert ranks.main([str(tmp_path / "spec.json"), str(tmp_path)]) == 0
+    assert (placed, seen) == ([0], ["0"])
 
 
 def _doc_rows(calls: list[OpCall]) -> set[int]:

@@ -242,7 +242,8 @@ def test_a_train_spec_that_cannot_be_is_refused_in_one_line(fields, reason):
             dict(stack="pylate", batch=4),
             "train cells have no field 'batch' (did you mean 'batch_size'?); they take allocator, batch_size, "
             "card, data_source, dataloader_workers, device, gather, min_steady_steps, mini_batch_size, model_source, "
-            "preset, ranks_share_gpu, regime, score_mini_batch_size, seed, stack, steps, trace, variant, warmup_steps, world_size.",
+            "preset, ranks_share_gpu, regime, score_mini_batch_size, seed, stack, steps, trace, variant, warmup_steps, "
+            "world_size.",
         ),
         (
             dict(stack="op-colpali", head="negative", negatives=4),

@@ -129,9 +129,10 @@ def run_sweep(cells: Sequence[GridCell], layout: Layout, gpus: Sequence[str] | N
         if placed is None:
             with lock:
                 runs.append(CellRun(cell, "skipped", 0.0, "", detail=f"needs {need} GPUs"))
-                per = "one per rank" if need > 1 else "its ranks share it"
-                echo(f"[{len(runs)}/{len(todo)}] {cell.cell_id}: not run — world size {_world(cell)} needs {need} GPU"
-                     f"{'s' if need > 1 else ''}, {per}; this sweep was given {len(gpus) if gpus else 'none (--gpus)'}")  # fmt: skip
+                per = "GPUs, one per rank" if need > 1 else "GPU, its ranks share it"
+                given = len(gpus) if gpus else "none (--gpus)"
+                echo(f"[{len(runs)}/{len(todo)}] {cell.cell_id}: not run — world size {_world(cell)} needs {need} "
+                     f"{per}; this sweep was given {given}")  # fmt: skip
             continue
         run(index, *placed)
     echo(summary(cells, layout, time.perf_counter() - started))

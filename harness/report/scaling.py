@@ -460,14 +460,17 @@ class Scaling:
     base_from: str | None
     predicted_mib: dict[int, float]
     measured: dict[int, tuple[str, float | None]]  # W → (outcome, per-rank peak MiB: the largest rank's)
+    # W → the same, measured with every rank on one GPU (ranks_share_gpu: gloo, on a host that lends one)
+    one_gpu: dict[int, tuple[str, float | None]] = dataclasses.field(default_factory=dict)
 
 
 def planned_recipes(path: Path = MULTI_GPU_GRID) -> list[tuple[Recipe, int]]:
-    """The (recipe, world size) pairs ``grids/multi-gpu.yaml`` plans."""
+    """The (recipe, world size) pairs ``grids/multi-gpu.yaml`` plans (its cells whose ranks share one
+    GPU measure some of these pairs another way, and plan none of their own)."""
     out = []
     for cell in load_grid(path):
         spec = cell.spec
-        if isinstance(spec, TrainSpec):
+        if isinstance(spec, TrainSpec) and not spec.ranks_share_gpu:
             backend = data.backend_label(spec.variant, spec.score_mini_batch_size)
             out.append((Recipe(spec.stack, spec.regime, spec.batch_size, backend), spec.world_size))
     return out
@@ -514,12 +517,14 @@ def scalings(results: data.Results, cells: pd.DataFrame, calls: pd.DataFrame,
     multi-GPU cells measured."""
     planned = planned_recipes() if planned is None else planned
     measured: dict[Recipe, dict[int, tuple[str, float | None]]] = {}
+    one_gpu: dict[Recipe, dict[int, tuple[str, float | None]]] = {}
     for _, result in results.of(data.MULTI_GPU):
         spec = result.spec
         if not isinstance(spec, TrainSpec) or spec.card != GATHER_CARD:
             continue
         recipe = Recipe(spec.stack, spec.regime, spec.batch_size, data.backend_label(spec.variant, spec.score_mini_batch_size))
-        measured.setdefault(recipe, {})[result.world_size] = (result.outcome, _rank_peak(result))
+        into = one_gpu if spec.ranks_share_gpu else measured
+        into.setdefault(recipe, {})[result.world_size] = (result.outcome, _rank_peak(result))
     out = []
     for recipe in dict.fromkeys(recipe for recipe, _ in planned):
         own = measured.get(recipe, {})
@@ -531,8 +536,56 @@ def scalings(results: data.Results, cells: pd.DataFrame, calls: pd.DataFrame,
         call = _vanilla_call(calls, recipe)
         predicted = {} if base is None or call is None else {
             world: base[0] + rank_growth_mib(call, recipe.backend, world) for world in WORLDS}
-        out.append(Scaling(recipe, None if base is None else base[0], None if base is None else base[1], predicted, own))
+        out.append(Scaling(recipe, None if base is None else base[0], None if base is None else base[1], predicted, own,
+                           one_gpu.get(recipe, {})))  # fmt: skip
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCheck:
+    """The model against the cells measured above W = 1 that trained: per-rank peak, measured less predicted."""
+
+    worlds: tuple[int, ...]
+    gaps_mib: tuple[tuple[Scaling, int, float], ...]  # (recipe row, W, measured − predicted MiB)
+    one_gpu: bool  # every measurement had its ranks on one GPU
+
+    @property
+    def largest(self) -> tuple[Scaling, int, float]:
+        return max(self.gaps_mib, key=lambda gap: abs(gap[2]))
+
+
+def model_check(rows: Sequence[Scaling]) -> ModelCheck | None:
+    """Measured (on W GPUs, else with the ranks on one GPU) against predicted, where both exist and the
+    cell trained; None when no such cell has run."""
+    gaps, shared = [], []
+    for row in rows:
+        for world in sorted(set(row.measured) | set(row.one_gpu)):
+            own = world in row.measured
+            outcome, mib = row.measured[world] if own else row.one_gpu[world]
+            if world > 1 and outcome == "ok" and mib is not None and world in row.predicted_mib:
+                gaps.append((row, world, mib - row.predicted_mib[world]))
+                shared.append(not own)
+    if not gaps:
+        return None
+    return ModelCheck(tuple(sorted({world for _, world, _ in gaps})), tuple(gaps), all(shared))
+
+
+def model_check_words(check: ModelCheck | None) -> str:
+    """The model's check in words: how many cells, how far measured and predicted lie apart."""
+    if check is None:
+        return "No cell above W = 1 has trained yet, so the model is not yet checked on one."
+    row, world, gap = check.largest
+    worlds = ", ".join(str(world) for world in check.worlds)
+    how = " (every one with its ranks on one GPU)" if check.one_gpu else ""
+    within = sorted(abs(g) for _, _, g in check.gaps_mib)
+    return (f"Checked on {counted(len(check.gaps_mib), 'cell')} that trained at W = {worlds}{how}: the measured per-rank "
+            f"step peak lies within {_mib_or_gib(within[-1])} of the predicted (median {_mib_or_gib(within[len(within) // 2])}); "
+            f"the largest gap, {'+' if gap >= 0 else '−'}{_mib_or_gib(abs(gap))} (measured {'above' if gap >= 0 else 'below'} "
+            f"predicted), is {recipe_name(row.recipe)}, {row.recipe.backend}, at W = {world}.")  # fmt: skip
+
+
+def _mib_or_gib(mib: float) -> str:
+    return f"{mib:.0f} MiB" if mib < 1024 else f"{mib / GIB_MIB:.2f} GiB"
 
 
 def _rank_peak(result: CellResult) -> float | None:
@@ -553,18 +606,21 @@ def first_over(scaling: Scaling, usable_gib: float) -> int | None:
 
 def scaling_table(rows: Sequence[Scaling]) -> pd.DataFrame:
     """Per recipe and backend: the W = 1 base (measured), and per W the per-rank peak — measured
-    where a multi-GPU cell ran (m), otherwise predicted (p)."""
+    where a multi-GPU cell ran (m), or where one ran with its ranks on one GPU (m1), otherwise
+    predicted (p)."""
     table = []
     for row in rows:
         entry: dict[str, Any] = {"stack · regime": nowrap(f"{STACK_NAMES[row.recipe.stack]} · {row.recipe.regime}"),
                                  "B per rank": row.recipe.batch, "backend": row.recipe.backend,
                                  "W = 1": "—" if row.base_mib is None else f"{_gib(row.base_mib)}\u00a0(m)"}  # fmt: skip
         for world in WORLDS[1:]:
-            measured = row.measured.get(world)
+            measured, mark = row.measured.get(world), "m"
+            if measured is None and world in row.one_gpu:
+                measured, mark = row.one_gpu[world], "m1"
             if measured is not None:
                 outcome, mib = measured
-                entry[f"W = {world}"] = nowrap(f"{_gib(mib)} (m)" if outcome == "ok" and mib is not None
-                                                else f"{outcome.upper() if outcome == 'oom' else outcome} (m)")  # fmt: skip
+                entry[f"W = {world}"] = nowrap(f"{_gib(mib)} ({mark})" if outcome == "ok" and mib is not None
+                                                else f"{outcome.upper() if outcome == 'oom' else outcome} ({mark})")  # fmt: skip
             else:
                 entry[f"W = {world}"] = nowrap(f"{_gib(row.predicted_mib[world])} (p)") if world in row.predicted_mib else "—"
         table.append(entry)
@@ -577,11 +633,17 @@ def scaling_reading(rows: Sequence[Scaling], card: str = GATHER_CARD) -> list[st
     usable = CARDS[card].usable_gib or 0.0
     lines = []
     measured = sum(1 for row in rows for world in row.measured if world > 1)
+    shared = sum(1 for row in rows for world in row.one_gpu if world not in row.measured)
     at_one = sum(1 for row in rows if row.base_from == data.MULTI_GPU)
     lines.append(f"Measured on several GPUs so far: {measured} cells at W > 1"
                  + (f" (and {at_one} at W = 1)" if at_one else "")
-                 + ("; every W ≥ 2 figure below is predicted." if not measured else ".")
+                 + (f"; with every rank on one GPU: {counted(shared, 'cell')} at W = "
+                    + ", ".join(str(w) for w in sorted({w for row in rows for w in row.one_gpu})) if shared else "")
+                 + ("; every other W ≥ 2 figure below is predicted." if measured or shared else
+                    "; every W ≥ 2 figure below is predicted.")
                  + " Each W = 1 base is a measured one-GPU step peak on the 80 GB profile.")  # fmt: skip
+    if measured or shared:
+        lines.append(model_check_words(model_check(rows)))
     for recipe_rows in _by_recipe(rows).values():
         name = recipe_name(recipe_rows[0].recipe)
         parts = []
@@ -630,6 +692,13 @@ def plot_scaling(rows: Sequence[Scaling], card: str = GATHER_CARD) -> Figure | N
                 axis.plot(world, mib / GIB_MIB, marker="X" if outcome == "oom" else look.marker, color=look.colour,
                           markersize=look.size + 1, linestyle="none", zorder=style.layer(row.recipe.backend),
                           label=f"{row.recipe.backend}, measured" if world == 1 else None)  # fmt: skip
+            for world, (outcome, mib) in sorted(row.one_gpu.items()):  # half-filled: its ranks shared one GPU
+                if mib is None or world in row.measured:
+                    continue
+                axis.plot(world, mib / GIB_MIB, marker="X" if outcome == "oom" else look.marker, color=look.colour,
+                          fillstyle="bottom", markersize=look.size + 1, linestyle="none",
+                          zorder=style.layer(row.recipe.backend) + 0.5,
+                          label=f"{row.recipe.backend}, measured, ranks on one GPU")  # fmt: skip
         if usable:  # named in the legend, not on the axes, where a line could run through its words
             axis.axhline(usable, color="grey", linestyle=":", linewidth=1)
         axis.set_xscale("log", base=2)
@@ -649,12 +718,13 @@ def plot_scaling(rows: Sequence[Scaling], card: str = GATHER_CARD) -> Figure | N
         for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
     backends = style.in_order({label.split(",")[0] for label in handles})
-    kinds = [[handles[f"{b}, {kind}"] for b in backends if f"{b}, {kind}" in handles] for kind in ("measured", "predicted")]
+    kinds = [[handles[f"{b}, {kind}"] for b in backends if f"{b}, {kind}" in handles]
+             for kind in ("measured", "measured, ranks on one GPU", "predicted")]  # fmt: skip
     if usable:
         kinds[0].append(Line2D([], [], color="grey", linestyle=":", linewidth=1,
                                label=f"{card_short(card)} usable: {usable} GiB"))  # fmt: skip
     style.legend_rows(figure, kinds, loc="upper center", bbox_to_anchor=(0.5, 1.0))
-    figure.tight_layout(rect=(0, 0, 1, 1 - 0.55 / (3.8 * lines)))
+    figure.tight_layout(rect=(0, 0, 1, 1 - (0.25 + 0.15 * sum(1 for kind in kinds if kind)) / (3.8 * lines)))
     return figure
 
 
