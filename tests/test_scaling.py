@@ -251,3 +251,40 @@ def test_the_fused_backends_reach_is_a_line_through_their_measured_peaks_labelle
     assert scaling.fused_reach_words(reach) in scaling.gradcache_reading(cells, calls)
     for r in reach:  # the 24 GB searches start below the prediction (grids/ceilings.yaml)
         assert 0.3 < r.per_sample_mib < 0.4 and r.over["rtx4090-24gb"] > 25_600
+
+
+def test_the_one_gpu_cells_put_two_ranks_well_inside_one_gpu(committed):
+    """grids/multi-gpu.yaml's -onegpu cells: the model puts each rank below half an H100 (40 GiB), so two
+    ranks on one GPU can fail only at their card's cap, never for want of the GPU's own memory."""
+    from harness.grid import load_grid
+
+    results, cells, calls = committed
+    rows = {row.recipe: row for row in scaling.scalings(results, cells, calls)}
+    shared = [cell.spec for cell in load_grid(scaling.MULTI_GPU_GRID) if getattr(cell.spec, "ranks_share_gpu", False)]
+    assert shared and {spec.world_size for spec in shared} == {2}
+    for spec in shared:
+        recipe = scaling.Recipe(spec.stack, spec.regime, spec.batch_size, spec.variant)
+        assert rows[recipe].predicted_mib[spec.world_size] < 40 * 1024, recipe
+
+
+def test_a_cell_whose_ranks_shared_one_gpu_is_shown_as_such_and_checks_the_model(committed):
+    results, cells, calls = committed
+    rows = [row for row in scaling.scalings(results, cells, calls) if row.predicted_mib]
+    first, second = rows[0], rows[1]
+    near, far = first.predicted_mib[2] + 100.0, second.predicted_mib[2] - 3000.0
+    fake = [dataclasses.replace(first, measured={}, one_gpu={2: ("ok", near)}),
+            dataclasses.replace(second, measured={}, one_gpu={2: ("ok", far), 4: ("oom", None)})]  # fmt: skip
+    table = scaling.scaling_table(fake)
+    assert table.iloc[0]["W = 2"] == f"{near / 1024:.2f}\u00a0(m1)" and table.iloc[1]["W = 4"] == "OOM\u00a0(m1)"
+    check = scaling.model_check(fake)
+    assert check is not None and check.one_gpu and check.worlds == (2,)
+    assert [round(gap) for _, _, gap in check.gaps_mib] == [100, -3000]  # the OOM has no peak to compare
+    words = scaling.model_check_words(check)
+    assert words.startswith("Checked on 2 cells that trained at W = 2 (every one with its ranks on one GPU): the measured "
+                            "per-rank step peak lies within 2.93 GiB of the predicted (median 1.51 GiB)")  # fmt: skip
+    assert f"the largest gap, −2.93 GiB (measured below predicted), is {scaling.recipe_name(second.recipe)}" in words
+    lines = scaling.scaling_reading(fake)
+    assert "with every rank on one GPU: 3 cells at W = 2, 4" in lines[0] and lines[1] == words
+    ran = [world for row in rows for world, (outcome, _) in (row.measured | row.one_gpu).items() if world > 1 and outcome == "ok"]
+    assert (scaling.model_check(rows) is None) == (not ran)
+    assert scaling.plot_scaling(fake) is not None
