@@ -147,7 +147,10 @@ def test_the_scaling_table_and_sentences_mark_measured_and_predicted(committed):
     rows = scaling.scalings(results, cells, calls)
     table = scaling.scaling_table(rows)
     measured = sum(1 for row in rows for world in row.measured if world > 1)
-    assert (table[["W = 2", "W = 4", "W = 8"]].apply(lambda col: col.str.endswith("(m)")).sum().sum()) == measured
+    shared = sum(1 for row in rows for world in row.one_gpu if world not in row.measured)
+    marks = table[["W = 2", "W = 4", "W = 8"]]
+    assert marks.apply(lambda col: col.str.contains("(m)", regex=False)).sum().sum() == measured
+    assert marks.apply(lambda col: col.str.contains("(m1)", regex=False)).sum().sum() == shared
     lines = scaling.scaling_reading(rows)
     assert lines[0].startswith(f"Measured on several GPUs so far: {measured} cells at W > 1")
     usable = CARDS["h100-80gb"].usable_gib
@@ -159,7 +162,9 @@ def test_the_scaling_table_and_sentences_mark_measured_and_predicted(committed):
     some = next(row for row in rows if row.predicted_mib)
     fake = [dataclasses.replace(some, measured={2: ("oom", None), 4: ("ok", 40960.0)})]
     shown = scaling.scaling_table(fake).iloc[0]
-    assert shown["W = 2"] == "OOM\u00a0(m)" and shown["W = 4"] == "40.00\u00a0(m)" and shown["W = 8"].endswith("(p)")
+    predicted = {w: f"{some.predicted_mib[w] / 1024:.2f}" for w in (2, 4)}  # what the model said, beside each
+    assert shown["W = 2"] == f"OOM\u00a0(m)\u00a0·\u00a0{predicted[2]}\u00a0(p)"
+    assert shown["W = 4"] == f"40.00\u00a0(m)\u00a0·\u00a0{predicted[4]}\u00a0(p)" and shown["W = 8"].endswith("(p)")
     assert scaling.plot_scaling(rows) is not None
 
 
@@ -275,7 +280,8 @@ def test_a_cell_whose_ranks_shared_one_gpu_is_shown_as_such_and_checks_the_model
     fake = [dataclasses.replace(first, measured={}, one_gpu={2: ("ok", near)}),
             dataclasses.replace(second, measured={}, one_gpu={2: ("ok", far), 4: ("oom", None)})]  # fmt: skip
     table = scaling.scaling_table(fake)
-    assert table.iloc[0]["W = 2"] == f"{near / 1024:.2f}\u00a0(m1)" and table.iloc[1]["W = 4"] == "OOM\u00a0(m1)"
+    assert table.iloc[0]["W = 2"].startswith(f"{near / 1024:.2f}\u00a0(m1)\u00a0·\u00a0")
+    assert table.iloc[1]["W = 4"].startswith("OOM\u00a0(m1)")
     check = scaling.model_check(fake)
     assert check is not None and check.one_gpu and check.worlds == (2,)
     assert [round(gap) for _, _, gap in check.gaps_mib] == [100, -3000]  # the OOM has no peak to compare
@@ -288,3 +294,25 @@ def test_a_cell_whose_ranks_shared_one_gpu_is_shown_as_such_and_checks_the_model
     ran = [world for row in rows for world, (outcome, _) in (row.measured | row.one_gpu).items() if world > 1 and outcome == "ok"]
     assert (scaling.model_check(rows) is None) == (not ran)
     assert scaling.plot_scaling(fake) is not None
+
+
+def test_the_gathered_cells_op_calls_are_read_in_full(committed):
+    """gathered_ops: every rank's in-train call counted, its documents W × B, vanilla's replays against the formula."""
+    results, _, _ = committed
+    ran = [r for _, r in results.of(data.MULTI_GPU) if r.world_size > 1 and r.outcome == "ok"]
+    ops = scaling.gathered_ops(results)
+    if not ran:
+        assert ops is None and scaling.gathered_ops_words(ops) == ""
+        return
+    assert ops is not None and ops.cells == len(ran)
+    assert ops.calls == sum(len(rank.maxsim_calls_in_train) for r in ran for rank in r.ranks)
+    gathered = sum(call.doc_shape[0] == r.world_size * r.batch_size for r in ran for rank in r.ranks
+                   for call in rank.maxsim_calls_in_train)  # fmt: skip
+    assert ops.gathered == gathered
+    fused = [r for r in ran if r.variant != "vanilla"]
+    assert (ops.fused_cells, ops.fused_reached) == (len(fused), sum(bool(r.backend_entry_point_calls) for r in fused))
+    words = scaling.gathered_ops_words(ops)
+    assert words.startswith(f"Inside the steps of these {ops.cells} cells: ")
+    assert ("every one of the" in words) == (ops.gathered == ops.calls)
+    if ops.formula_gap_mib is not None:
+        assert f"within {ops.formula_gap_mib:.2f} MiB" in words

@@ -585,6 +585,63 @@ def model_check_words(check: ModelCheck | None) -> str:
             f"predicted), is {recipe_name(row.recipe)}, {row.recipe.backend}, at W = {world}.")  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True)
+class GatheredOps:
+    """Inside the steps of the data-parallel cells that trained: whether every rank's MaxSim call scored
+    its queries against all W ranks' documents, how far vanilla's replayed calls lie from the op formula,
+    and whether the fused kernels were reached."""
+
+    cells: int
+    calls: int  # in training, over every rank
+    gathered: int  # of them, with W × B documents
+    replays: int  # vanilla's isolated replays
+    formula_gap_mib: float | None  # the largest |measured − formula| forward peak among them
+    fused_cells: int
+    fused_reached: int  # fused cells whose kernel entry points counted calls
+
+
+def gathered_ops(results: data.Results) -> GatheredOps | None:
+    """:class:`GatheredOps` over the committed multi-GPU cells above W = 1 that trained (None: none has)."""
+    cells = calls = gathered = replays = fused = reached = 0
+    gaps: list[float] = []
+    for _, result in results.of(data.MULTI_GPU):
+        spec = result.spec
+        if not isinstance(spec, TrainSpec) or result.world_size < 2 or result.outcome != "ok":
+            continue
+        cells += 1
+        for rank in result.ranks:
+            for call in rank.maxsim_calls_in_train:
+                calls += 1
+                gathered += call.doc_shape[0] == spec.world_size * spec.batch_size
+        if spec.variant == "vanilla":
+            for call in result.maxsim_calls_isolated:
+                if call.forward_transient_peak_mib is not None and call.predicted_forward_transient_mib is not None:
+                    replays += 1
+                    gaps.append(abs(call.forward_transient_peak_mib - call.predicted_forward_transient_mib))
+        else:
+            fused += 1
+            reached += bool(result.backend_entry_point_calls)
+    if not cells:
+        return None
+    return GatheredOps(cells, calls, gathered, replays, max(gaps) if gaps else None, fused, reached)
+
+
+def gathered_ops_words(ops: GatheredOps | None) -> str:
+    """:class:`GatheredOps` in words (empty where no multi-GPU cell has trained)."""
+    if ops is None:
+        return ""
+    every = "every one" if ops.gathered == ops.calls else f"{ops.gathered}"
+    words = [f"Inside the steps of these {counted(ops.cells, 'cell')}: {every} of the {ops.calls} MaxSim calls their ranks "
+             "made in training scored the rank's B queries against W × B gathered documents"]  # fmt: skip
+    if ops.formula_gap_mib is not None:
+        words.append(f"vanilla's {counted(ops.replays, 'call')} replayed alone needed the op formula's forward bytes "
+                     f"within {ops.formula_gap_mib:.2f} MiB")  # fmt: skip
+    if ops.fused_cells:
+        words.append(f"the fused kernels' entry points counted calls in {ops.fused_reached} of the {ops.fused_cells} "
+                     "fused cells" + (", so gathering reaches them" if ops.fused_reached == ops.fused_cells else ""))
+    return "; ".join(words) + "."
+
+
 def _mib_or_gib(mib: float) -> str:
     return f"{mib:.0f} MiB" if mib < 1024 else f"{mib / GIB_MIB:.2f} GiB"
 
@@ -620,16 +677,20 @@ def scaling_table(rows: Sequence[Scaling]) -> pd.DataFrame:
                 measured, mark = row.one_gpu[world], "m1"
             if measured is not None:
                 outcome, mib = measured
-                entry[f"W = {world}"] = nowrap(f"{_gib(mib)} ({mark})" if outcome == "ok" and mib is not None
-                                                else f"{outcome.upper() if outcome == 'oom' else outcome} ({mark})")  # fmt: skip
+                shown = (f"{_gib(mib)} ({mark})" if outcome == "ok" and mib is not None
+                         else f"{outcome.upper() if outcome == 'oom' else outcome} ({mark})")  # fmt: skip
+                if world in row.predicted_mib:  # beside it, what the model said
+                    shown += f" · {_gib(row.predicted_mib[world])} (p)"
+                entry[f"W = {world}"] = nowrap(shown)
             else:
                 entry[f"W = {world}"] = nowrap(f"{_gib(row.predicted_mib[world])} (p)") if world in row.predicted_mib else "—"
         table.append(entry)
     return pd.DataFrame(table)
 
 
-def scaling_reading(rows: Sequence[Scaling], card: str = GATHER_CARD) -> list[str]:
-    """In words: how many multi-GPU cells have run, where vanilla's predicted per-rank peak passes
+def scaling_reading(rows: Sequence[Scaling], card: str = GATHER_CARD, ops: str = "") -> list[str]:
+    """In words: how many multi-GPU cells have run, how near the model they came (and ``ops``: what
+    their op calls show, :func:`gathered_ops_words`), where vanilla's predicted per-rank peak passes
     the card, and how far the fused backends' peaks move by W = 8."""
     usable = CARDS[card].usable_gib or 0.0
     lines = []
@@ -645,6 +706,8 @@ def scaling_reading(rows: Sequence[Scaling], card: str = GATHER_CARD) -> list[st
                  + " Each W = 1 base is a measured one-GPU step peak on the 80 GB profile.")  # fmt: skip
     if measured or shared:
         lines.append(model_check_words(model_check(rows)))
+        if ops:
+            lines.append(ops)
     for recipe_rows in _by_recipe(rows).values():
         name = recipe_name(recipe_rows[0].recipe)
         parts = []
