@@ -316,3 +316,21 @@ def test_the_gathered_cells_op_calls_are_read_in_full(committed):
     assert ("every one of the" in words) == (ops.gathered == ops.calls)
     if ops.formula_gap_mib is not None:
         assert f"within {ops.formula_gap_mib:.2f} MiB" in words
+
+
+def test_the_score_calls_share_of_the_step_is_read_from_the_base_and_the_gathered_cells(committed):
+    results, cells, calls = committed
+    rows = scaling.scalings(results, cells, calls)
+    words = scaling.score_share_words(rows, results, calls)
+    ran = [r for _, r in results.of(data.MULTI_GPU) if r.world_size > 1 and r.outcome == "ok" and r.variant == "vanilla"]
+    if not ran:
+        assert words == ""
+        return
+    for result in ran:
+        row = next(row for row in rows if (row.recipe.stack, row.recipe.batch, row.recipe.backend)
+                   == (result.stack, result.batch_size, "vanilla"))  # fmt: skip
+        op = max(call.forward_transient_peak_mib for call in result.maxsim_calls_isolated)
+        share = f"{op / 1024:.2f} of {result.step_peak_alloc_mib / 1024:.2f} GiB ({100 * op / result.step_peak_alloc_mib:.0f}%)"
+        assert f"{share} at W = {result.world_size}" in words
+        base = scaling._vanilla_call(calls, row.recipe)["forward_transient_peak_mib"]
+        assert f"{scaling.recipe_name(row.recipe)}: {base / 1024:.2f} of {row.base_mib / 1024:.2f} GiB" in words

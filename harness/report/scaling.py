@@ -642,6 +642,35 @@ def gathered_ops_words(ops: GatheredOps | None) -> str:
     return "; ".join(words) + "."
 
 
+def score_share_words(rows: Sequence[Scaling], results: data.Results, calls: pd.DataFrame) -> str:
+    """Vanilla's score call (its forward peak, replayed alone) as a share of one rank's step peak, at
+    W = 1 (the base cell's largest call) and at each W a cell above 1 trained (its own calls); empty
+    where no vanilla cell above W = 1 has trained."""
+    largest: dict[tuple[Recipe, int], float] = {}
+    for _, result in results.of(data.MULTI_GPU):
+        spec = result.spec
+        if isinstance(spec, TrainSpec) and spec.variant == "vanilla" and result.world_size > 1 and result.outcome == "ok":
+            peaks = [c.forward_transient_peak_mib for c in result.maxsim_calls_isolated if c.forward_transient_peak_mib]
+            if peaks:
+                largest[(Recipe(spec.stack, spec.regime, spec.batch_size, "vanilla"), result.world_size)] = max(peaks)
+    parts = []
+    for row in rows:
+        worlds = sorted(world for recipe, world in largest if recipe == row.recipe)
+        call = _vanilla_call(calls, row.recipe)
+        if not worlds or call is None or row.base_mib is None:
+            continue
+        shares = [(float(call["forward_transient_peak_mib"]), row.base_mib, 1)]
+        for world in worlds:
+            _, mib = row.measured.get(world) or row.one_gpu[world]
+            if mib is not None:
+                shares.append((largest[(row.recipe, world)], mib, world))
+        parts.append(f"{recipe_name(row.recipe)}: " + ", ".join(
+            f"{_gib(op)} of {_gib(step)} GiB ({100 * op / step:.0f}%) at W = {world}" for op, step, world in shares))
+    if not parts:
+        return ""
+    return "Vanilla's score call (its forward peak, replayed alone) as a share of one rank's step peak: " + "; ".join(parts) + "."
+
+
 def _mib_or_gib(mib: float) -> str:
     return f"{mib:.0f} MiB" if mib < 1024 else f"{mib / GIB_MIB:.2f} GiB"
 
