@@ -334,3 +334,5 @@ def test_the_score_calls_share_of_the_step_is_read_from_the_base_and_the_gathere
         assert f"{share} at W = {result.world_size}" in words
         base = scaling._vanilla_call(calls, row.recipe)["forward_transient_peak_mib"]
         assert f"{scaling.recipe_name(row.recipe)}: {base / 1024:.2f} of {row.base_mib / 1024:.2f} GiB" in words
+        # gathered.md: "the grid's share of the step grows with every GPU added"
+        assert op / result.step_peak_alloc_mib > base / row.base_mib, result.cell_id
