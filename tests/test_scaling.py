@@ -163,8 +163,8 @@ def test_the_scaling_table_and_sentences_mark_measured_and_predicted(committed):
     fake = [dataclasses.replace(some, measured={2: ("oom", None), 4: ("ok", 40960.0)})]
     shown = scaling.scaling_table(fake).iloc[0]
     predicted = {w: f"{some.predicted_mib[w] / 1024:.2f}" for w in (2, 4)}  # what the model said, beside each
-    assert shown["W = 2"] == f"OOM\u00a0(m)\u00a0·\u00a0{predicted[2]}\u00a0(p)"
-    assert shown["W = 4"] == f"40.00\u00a0(m)\u00a0·\u00a0{predicted[4]}\u00a0(p)" and shown["W = 8"].endswith("(p)")
+    assert shown["W = 2"] == f"OOM\u00a0(m)<br>{predicted[2]}\u00a0(p)"
+    assert shown["W = 4"] == f"40.00\u00a0(m)<br>{predicted[4]}\u00a0(p)" and shown["W = 8"].endswith("(p)")
     assert scaling.plot_scaling(rows) is not None
 
 
@@ -280,7 +280,7 @@ def test_a_cell_whose_ranks_shared_one_gpu_is_shown_as_such_and_checks_the_model
     fake = [dataclasses.replace(first, measured={}, one_gpu={2: ("ok", near)}),
             dataclasses.replace(second, measured={}, one_gpu={2: ("ok", far), 4: ("oom", None)})]  # fmt: skip
     table = scaling.scaling_table(fake)
-    assert table.iloc[0]["W = 2"].startswith(f"{near / 1024:.2f}\u00a0(m1)\u00a0·\u00a0")
+    assert table.iloc[0]["W = 2"].startswith(f"{near / 1024:.2f}\u00a0(m1)<br>")
     assert table.iloc[1]["W = 4"].startswith("OOM\u00a0(m1)")
     check = scaling.model_check(fake)
     assert check is not None and check.one_gpu and check.worlds == (2,)

@@ -35,7 +35,7 @@ from matplotlib.lines import Line2D
 from harness import op_bytes
 from harness.grid import load_grid
 from harness.report import data, style, tables, timing
-from harness.report.decision import regime_name
+from harness.report.decision import PREDICTED_BREAK, regime_name
 from harness.report.text import (
     STACK_NAMES,
     a_gpu,
@@ -708,8 +708,8 @@ def scaling_table(rows: Sequence[Scaling]) -> pd.DataFrame:
                 outcome, mib = measured
                 shown = (f"{_gib(mib)} ({mark})" if outcome == "ok" and mib is not None
                          else f"{outcome.upper() if outcome == 'oom' else outcome} ({mark})")  # fmt: skip
-                if world in row.predicted_mib:  # beside it, what the model said
-                    shown += f" · {_gib(row.predicted_mib[world])} (p)"
+                if world in row.predicted_mib:  # under it, what the model said
+                    shown = f"{nowrap(shown)}{PREDICTED_BREAK}{nowrap(f'{_gib(row.predicted_mib[world])} (p)')}"
                 entry[f"W = {world}"] = nowrap(shown)
             else:
                 entry[f"W = {world}"] = nowrap(f"{_gib(row.predicted_mib[world])} (p)") if world in row.predicted_mib else "—"
