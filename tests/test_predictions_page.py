@@ -123,6 +123,8 @@ def test_gathered_negatives_scale_each_ranks_vanilla_grid_with_the_world_size():
             assert row["forward_mib"][world] == pytest.approx(world * row["forward_mib"][1], rel=1e-12)
     text = predictions.gathered_reading(rows)
     assert text.startswith("At W = 1 the formula gives every replay's forward peak within") and "not measurements" in text
+    assert predictions.gathered_reading(rows, measured=[2, 2]).endswith(
+        "The tables below are predictions from one formula; the cells measured at W = 2 are read above.")
     with pytest.raises(ValueError, match="world size 0"):
         op_bytes.gathered("colpali", [4, 8, 16], [4, 30, 16], 4, 0)
     table = predictions.gathered_table(rows, "colpali", "plain")

@@ -319,9 +319,10 @@ def gathered_table(rows: list[dict[str, Any]], stack: str, regime: str) -> pd.Da
     return pd.DataFrame(table)
 
 
-def gathered_reading(rows: list[dict[str, Any]], card: str = "h100-80gb") -> str:
+def gathered_reading(rows: list[dict[str, Any]], card: str = "h100-80gb", measured: Sequence[int] = ()) -> str:
     """How far the W = 1 predictions are from the replays, and where one rank's vanilla op alone would
-    pass an 80 GB card's usable memory, in words."""
+    pass an 80 GB card's usable memory, in words; ``measured``: the world sizes above 1 that committed
+    multi-GPU cells trained at."""
     if not rows:
         return "No vanilla replay on the whole H200 is committed yet, so there is nothing to scale."
     usable = CARDS[card].usable_gib
@@ -336,5 +337,9 @@ def gathered_reading(rows: list[dict[str, Any]], card: str = "h100-80gb") -> str
     if parts:
         text += (f"; the op's forward alone would need more than the {usable:.2f} GiB an 80 GB card gives PyTorch "
                  "for " + ", ".join(parts))
-    return text + ". These are predictions from one formula, not measurements: no multi-GPU cell has run yet."
+    if not measured:
+        return text + ". These are predictions from one formula, not measurements: no multi-GPU cell has run yet."
+    worlds = ", ".join(str(world) for world in sorted(set(measured)))
+    return (text + f". The tables below are predictions from one formula; the cells measured at W = {worlds} are read "
+            "above.")
 
