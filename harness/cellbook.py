@@ -57,8 +57,8 @@ HEADER_TAG = "cell-header"
 COMMAND = "python -m harness.cellbook refresh"
 # the grids in the order the index page (book/cells.md) has a section for each: the published recipe
 # first; a grid with results that is not here is listed under the page's last section, "Other grids"
-GRID_ORDER = ("published", "ours", "gradcache", "op", "ceilings", data.SHARED_CHECK, data.CROSS_CARD, "long-run", "parity",
-              "repeat")  # fmt: skip
+GRID_ORDER = ("published", "ours", "gradcache", data.MULTI_GPU, "op", "ceilings", data.SHARED_CHECK, data.CROSS_CARD,
+              "long-run", "parity", "repeat")  # fmt: skip
 
 DISPLAYS: dict[str, Callable[..., pd.DataFrame]] = {
     "header": display.header, "summary": display.summary, "calls_table": display.calls_table,

@@ -389,10 +389,11 @@ def test_every_gpu_result_ran_on_the_gpu_the_card_labels_name():
     probes ran on said in words (intro, ceilings and methodology: 'on an H200, or for N of the M probes on an H100
     80GB HBM3, which the cross-card check vouches for'). True only while every committed GPU result ran on an H200,
     except a long run that names its GPU, the cross-card check's probes (whose table names the GPU in every row),
-    and capped ceiling probes from a GPU the check vouches for, which those words count."""
+    capped ceiling probes from a GPU the check vouches for, which those words count, and the data-parallel cells, whose
+    GPUs the gathered page names."""
     from collections import Counter
 
-    from harness.report import data, longrun, prose, tables, text
+    from harness.report import data, longrun, prose, scaling, tables, text
     from harness.results import read_results
     from harness.spec import CARDS
 
@@ -409,6 +410,10 @@ def test_every_gpu_result_ran_on_the_gpu_the_card_labels_name():
     if checks:
         assert all(check.device.removeprefix("NVIDIA ") in row for check, row in
                    zip(checks, tables.card_check(checks)["other GPU"], strict=True))  # fmt: skip
+    # the data-parallel cells above W = 1: the gathered and predictions pages name the GPUs they ran on
+    gathered_words = scaling.gathered_ops_words(scaling.gathered_ops(data.read()))
+    named |= {(result.grid, result.cell_id) for result in on_gpu if result.grid == data.MULTI_GPU and result.world_size > 1
+              and f"{text.a_gpu(str(result.env.device_name))}" in gathered_words}  # type: ignore[union-attr]  # fmt: skip
     capped = data.capped_probe_gpus(data.read())
     words = prose.capped_gpus_words(capped)
     admitted = [result for result in on_gpu if result.grid == data.CEILINGS and CARDS[result.spec.card].usable_gib is not None

@@ -312,7 +312,10 @@ def test_the_gathered_cells_op_calls_are_read_in_full(committed):
     fused = [r for r in ran if r.variant != "vanilla"]
     assert (ops.fused_cells, ops.fused_reached) == (len(fused), sum(bool(r.backend_entry_point_calls) for r in fused))
     words = scaling.gathered_ops_words(ops)
-    assert words.startswith(f"Inside the steps of these {ops.cells} cells: ")
+    gpus = sorted({r.env.device_name for r in ran if r.env is not None and r.env.device_name})
+    assert ops.gpus == tuple(gpus)
+    where = f" (on {text_words.joined([text_words.a_gpu(gpu) for gpu in gpus])})" if gpus else ""
+    assert words.startswith(f"Inside the steps of these {ops.cells} cells{where}: ")
     assert ("every one of the" in words) == (ops.gathered == ops.calls)
     if ops.formula_gap_mib is not None:
         assert f"within {ops.formula_gap_mib:.2f} MiB" in words

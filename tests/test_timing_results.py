@@ -18,11 +18,12 @@ def stream_results():
 
 
 def test_one_seed_trains_the_same_batches_in_every_cell_of_a_batch_size():
-    """The methodology says every cell of one seed and batch size trains the same batches (ColQwen2,
-    whose shapes follow the batch: PyLate pads every batch to one shape)."""
-    by_key: dict[tuple[str, int, int], list] = {}
+    """The methodology says every one-GPU cell of one seed and batch size trains the same batches (ColQwen2,
+    whose shapes follow the batch: PyLate pads every batch to one shape); a data-parallel cell's ranks each
+    draw their own share."""
+    by_key: dict[tuple[str, int, int, int], list] = {}
     for result in stream_results():
-        by_key.setdefault((result.stack, result.batch_size, result.seed), []).append(result)
+        by_key.setdefault((result.stack, result.batch_size, result.seed, result.world_size), []).append(result)
     compared = 0
     for group in by_key.values():
         for first, second in itertools.combinations(group, 2):

@@ -598,17 +598,21 @@ class GatheredOps:
     formula_gap_mib: float | None  # the largest |measured − formula| forward peak among them
     fused_cells: int
     fused_reached: int  # fused cells whose kernel entry points counted calls
+    gpus: tuple[str, ...] = ()  # the GPUs they ran on, as nvidia-smi names them
 
 
 def gathered_ops(results: data.Results) -> GatheredOps | None:
     """:class:`GatheredOps` over the committed multi-GPU cells above W = 1 that trained (None: none has)."""
     cells = calls = gathered = replays = fused = reached = 0
     gaps: list[float] = []
+    gpus: set[str] = set()
     for _, result in results.of(data.MULTI_GPU):
         spec = result.spec
         if not isinstance(spec, TrainSpec) or result.world_size < 2 or result.outcome != "ok":
             continue
         cells += 1
+        if result.env is not None and result.env.device_name:
+            gpus.add(result.env.device_name)
         for rank in result.ranks:
             for call in rank.maxsim_calls_in_train:
                 calls += 1
@@ -623,7 +627,7 @@ def gathered_ops(results: data.Results) -> GatheredOps | None:
             reached += bool(result.backend_entry_point_calls)
     if not cells:
         return None
-    return GatheredOps(cells, calls, gathered, replays, max(gaps) if gaps else None, fused, reached)
+    return GatheredOps(cells, calls, gathered, replays, max(gaps) if gaps else None, fused, reached, tuple(sorted(gpus)))
 
 
 def gathered_ops_words(ops: GatheredOps | None) -> str:
@@ -631,8 +635,9 @@ def gathered_ops_words(ops: GatheredOps | None) -> str:
     if ops is None:
         return ""
     every = "every one" if ops.gathered == ops.calls else f"{ops.gathered}"
-    words = [f"Inside the steps of these {counted(ops.cells, 'cell')}: {every} of the {ops.calls} MaxSim calls their ranks "
-             "made in training scored the rank's B queries against W × B gathered documents"]  # fmt: skip
+    where = f" (on {joined([a_gpu(gpu) for gpu in ops.gpus])})" if ops.gpus else ""
+    words = [f"Inside the steps of these {counted(ops.cells, 'cell')}{where}: {every} of the {ops.calls} MaxSim calls their "
+             "ranks made in training scored the rank's B queries against W × B gathered documents"]  # fmt: skip
     if ops.formula_gap_mib is not None:
         words.append(f"vanilla's {counted(ops.replays, 'call')} replayed alone needed the op formula's forward bytes "
                      f"within {ops.formula_gap_mib:.2f} MiB")  # fmt: skip
