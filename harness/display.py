@@ -176,10 +176,6 @@ def timed_alone(result: CellResult) -> str:
     return "yes"
 
 
-def _ranks_share(result: CellResult) -> bool:
-    return bool(getattr(result.spec, "ranks_share_gpu", False))
-
-
 def summary(result: CellResult) -> pd.DataFrame:
     """The cell's outcome, step peaks and steady step time as a one-column table, with the GPU it ran on
     (its times are that GPU's, whatever card it was capped to)."""
@@ -202,7 +198,7 @@ def summary(result: CellResult) -> pd.DataFrame:
         "steady steps": integers(result.steady_steps) if result.step_times_sec else None,
         "steps that autotuned": integers(result.autotune_steps) if result.step_times_sec else None,
         "calls into the fused kernel": result.backend_entry_point_calls,
-        "data-parallel ranks": (f"{result.world_size} (torchrun" + (", all on one GPU, gloo)" if _ranks_share(result) else ")")
+        "data-parallel ranks": (f"{result.world_size} (torchrun" + (", all on one GPU, gloo)" if result.ranks_share_gpu else ")")
                                 if result.world_size > 1 else None),
         "negatives gathered across ranks": "yes" if result.gather else None,
         "per rank: outcome, step peak allocated": "; ".join(

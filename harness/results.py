@@ -279,6 +279,7 @@ class CellResult(_Record):
     preset = property(lambda self: self.spec.preset)
     world_size = property(lambda self: getattr(self.spec, "world_size", 1))  # op cells run in one process
     gather = property(lambda self: getattr(self.spec, "gather", False))
+    ranks_share_gpu = property(lambda self: getattr(self.spec, "ranks_share_gpu", False))
 
     @classmethod
     def crashed(cls, spec: TrainSpec | OpSpec, grid: str | None, failure: Failure, log_tail: str | None,

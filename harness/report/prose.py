@@ -632,8 +632,7 @@ def _steps_words(check: StepsCheck) -> str:
                 f"steps or more, at B = {batches}), the most the allocator reserved in a step was reached within the "
                 f"first {check.steps}, and the allocated peak rose after them by at most "
                 f"{check.alloc_rise_mib:.2f} MiB")  # fmt: skip
-    rise = (f"{check.reserved_rise_mib * GIB_PER_MIB:.2f} GiB" if check.reserved_rise_mib >= 1024
-            else f"{check.reserved_rise_mib:.0f} MiB")  # fmt: skip
+    rise = as_published(check.reserved_rise_mib)
     noun = f"committed {name} cell" + ("" if check.cells == 1 else "s")
     if len(check.rose) < check.cells:
         which = f"{len(check.rose)} of the {check.cells} {noun}"

@@ -39,6 +39,7 @@ from harness.report.decision import PREDICTED_BREAK, regime_name
 from harness.report.text import (
     STACK_NAMES,
     a_gpu,
+    as_published,
     card_short,
     cards_in_order,
     counted,
@@ -580,8 +581,8 @@ def model_check_words(check: ModelCheck | None) -> str:
     how = " (every one with its ranks on one GPU)" if check.one_gpu else ""
     within = [abs(g) for _, _, g in check.gaps_mib]
     return (f"Checked on {counted(len(check.gaps_mib), 'cell')} that trained at W = {worlds}{how}: the measured per-rank "
-            f"step peak lies within {_mib_or_gib(max(within))} of the predicted (median {_mib_or_gib(median(within))}); "
-            f"the largest gap, {'+' if gap >= 0 else '−'}{_mib_or_gib(abs(gap))} (measured {'above' if gap >= 0 else 'below'} "
+            f"step peak lies within {as_published(max(within))} of the predicted (median {as_published(median(within))}); "
+            f"the largest gap, {'+' if gap >= 0 else '−'}{as_published(abs(gap))} (measured {'above' if gap >= 0 else 'below'} "
             f"predicted), is {recipe_name(row.recipe)}, {row.recipe.backend}, at W = {world}.")  # fmt: skip
 
 
@@ -601,15 +602,20 @@ class GatheredOps:
     gpus: tuple[str, ...] = ()  # the GPUs they ran on, as nvidia-smi names them
 
 
+def trained_above_one(results: data.Results) -> list[CellResult]:
+    """The committed multi-GPU cells of world size above 1 that trained every step."""
+    return [result for _, result in results.of(data.MULTI_GPU)
+            if isinstance(result.spec, TrainSpec) and result.world_size > 1 and result.outcome == "ok"]  # fmt: skip
+
+
 def gathered_ops(results: data.Results) -> GatheredOps | None:
     """:class:`GatheredOps` over the committed multi-GPU cells above W = 1 that trained (None: none has)."""
     cells = calls = gathered = replays = fused = reached = 0
     gaps: list[float] = []
     gpus: set[str] = set()
-    for _, result in results.of(data.MULTI_GPU):
+    for result in trained_above_one(results):
         spec = result.spec
-        if not isinstance(spec, TrainSpec) or result.world_size < 2 or result.outcome != "ok":
-            continue
+        assert isinstance(spec, TrainSpec)
         cells += 1
         if result.env is not None and result.env.device_name:
             gpus.add(result.env.device_name)
@@ -647,17 +653,28 @@ def gathered_ops_words(ops: GatheredOps | None) -> str:
     return "; ".join(words) + "."
 
 
+def multi_gpu_words(results: data.Results) -> str:
+    """For the predictions page: how many cells of ``grids/multi-gpu.yaml`` have results (and how many
+    put their ranks on one GPU), and what their op calls show."""
+    multi_gpu = [result for _, result in results.of(data.MULTI_GPU)]
+    if not multi_gpu:
+        return "`grids/multi-gpu.yaml` measures W = 1 and 2 (and 4 and 8 where a host lends that many GPUs): not run yet."
+    one_gpu = sum(1 for result in multi_gpu if result.ranks_share_gpu)
+    return ("`grids/multi-gpu.yaml` measures W = 1 and 2 (and 4 and 8 where a host lends that many GPUs): "
+            f"{len(multi_gpu)} of its cells have results" + (f", {one_gpu} of them with both ranks on one GPU" if one_gpu else "")
+            + ". " + gathered_ops_words(gathered_ops(results))
+            + " The page *Negatives gathered across GPUs* sets their step peaks beside the model's.")  # fmt: skip
+
+
 def score_share_words(rows: Sequence[Scaling], results: data.Results, calls: pd.DataFrame) -> str:
     """Vanilla's score call (its forward peak, replayed alone) as a share of one rank's step peak, at
     W = 1 (the base cell's largest call) and at each W a cell above 1 trained (its own calls); empty
     where no vanilla cell above W = 1 has trained."""
     largest: dict[tuple[Recipe, int], float] = {}
-    for _, result in results.of(data.MULTI_GPU):
-        spec = result.spec
-        if isinstance(spec, TrainSpec) and spec.variant == "vanilla" and result.world_size > 1 and result.outcome == "ok":
-            peaks = [c.forward_transient_peak_mib for c in result.maxsim_calls_isolated if c.forward_transient_peak_mib]
-            if peaks:
-                largest[(Recipe(spec.stack, spec.regime, spec.batch_size, "vanilla"), result.world_size)] = max(peaks)
+    for result in trained_above_one(results):
+        peaks = [c.forward_transient_peak_mib for c in result.maxsim_calls_isolated if c.forward_transient_peak_mib]
+        if result.variant == "vanilla" and peaks:
+            largest[(Recipe(result.stack, result.regime, result.batch_size, "vanilla"), result.world_size)] = max(peaks)
     parts = []
     for row in rows:
         worlds = sorted(world for recipe, world in largest if recipe == row.recipe)
@@ -674,10 +691,6 @@ def score_share_words(rows: Sequence[Scaling], results: data.Results, calls: pd.
     if not parts:
         return ""
     return "Vanilla's score call (its forward peak, replayed alone) as a share of one rank's step peak: " + "; ".join(parts) + "."
-
-
-def _mib_or_gib(mib: float) -> str:
-    return f"{mib:.0f} MiB" if mib < 1024 else f"{mib / GIB_MIB:.2f} GiB"
 
 
 def _rank_peak(result: CellResult) -> float | None:
