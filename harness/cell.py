@@ -154,6 +154,7 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
     trace = TrainingTrace() if spec.trace else None
     parity: Parity | None = None
     samples_per_step = spec.batch_size
+    trainable: int | None = None
     model_source, data_source = spec.model_source, spec.data_source
 
     with probe:
@@ -165,6 +166,7 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
                 with timed(phases, "build"):
                     built = stack.build(spec, device)
                 samples_per_step = built.samples_per_step
+                trainable = ranks.trainable_bytes(built.trainer.model)
                 model_source, data_source = built.model_source, built.data_source
                 built.trainer.add_callback(timer)
                 quiet_printer(built.trainer)
@@ -191,6 +193,7 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
             )
         neighbours.mark(device.type)
         ledger.fold()
+        ddp_buckets = None if built is None else ranks.ddp_bucket_bytes(getattr(built.trainer, "model_wrapped", None))
         built = None
         gc.collect()
         with timed(phases, "replay"):
@@ -222,6 +225,8 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
         steady_step_time_sec=steady_time,
         samples_per_sec=None if steady_time is None else samples_per_step / steady_time,
         backend_entry_point_calls=entry_point_calls,
+        trainable_parameter_bytes=trainable,
+        ddp_bucket_bytes=ddp_buckets,
         maxsim_calls_in_train=recorder.calls,
         maxsim_calls_isolated=isolated,
         env=environment.collect(device, spec.card, card_cap, spec.seed, model_source, data_source),

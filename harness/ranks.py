@@ -33,10 +33,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness import gpu_gate
 from harness.results import CellResult, RankResult, ResultError, load_result, write_result
 from harness.spec import TrainSpec
+
+if TYPE_CHECKING:
+    import torch
 
 RANKS_VARIABLE = "MAXSIM_RANKS"  # set in every rank: the scratch folder its result goes to
 RANK_FAILED = 3  # a rank's exit status when it did not train every step: torchrun then stops the rest
@@ -115,6 +119,26 @@ def rank_record(rank: int, result: CellResult | None) -> RankResult:
         return RankResult(rank=rank, outcome="stopped")
     shared = result.model_dump(mode="python", include=set(RankResult.model_fields) & set(CellResult.model_fields))
     return RankResult(rank=rank, device=result.env.device if result.env else None, **shared)
+
+
+def trainable_bytes(model: torch.nn.Module) -> int:
+    """The bytes of a model's trainable parameters (their gradients take as many)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def ddp_bucket_bytes(model: object) -> int | None:
+    """What a data-parallel rank holds that one process does not: the bytes DistributedDataParallel's
+    reducer keeps in its allreduce buckets beside the gradients (by default a second copy of them;
+    0 with ``gradient_as_bucket_view``, where the gradients are views into the buckets). None when
+    ``model`` is not wrapped in DDP (a one-process cell, or a trainer that never wrapped it)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        return None
+    logged = model._get_ddp_logging_data()  # the reducer's own record of its buckets, in bytes
+    if logged.get("gradient_as_bucket_view"):
+        return 0
+    return sum(int(size) for size in str(logged.get("bucket_sizes", "")).split(",") if size)
 
 
 def _largest(values: list[float | None]) -> float | None:
