@@ -152,6 +152,9 @@ def test_torchrun_trains_pylates_recipe_on_two_ranks_with_documents_gathered(tmp
     # parameters' fp32 gradients (the trainer keeps them apart from the gradients); one process has no DDP
     assert result.trainable_parameter_bytes == alone.trainable_parameter_bytes > 0
     assert result.ddp_bucket_bytes == result.trainable_parameter_bytes and alone.ddp_bucket_bytes is None
+    buckets = "DDP's allreduce buckets (per rank)"  # the cell's page names them; a one-process cell's does not
+    assert display.summary(result)["value"][buckets] == display.mib_gib(result.ddp_bucket_bytes / 2**20)
+    assert buckets not in display.summary(alone).index
     # the analytic per-rank grid with W (op_bytes.gathered), from the one-process shapes: the replays of
     # the gathered shapes match it to the byte (the CPU's MemTracker counts exact bytes). A rank's CPU
     # brackets in training were seen to miss the op beside gloo's threads (one read 0 MiB), so only the
