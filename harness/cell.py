@@ -41,7 +41,7 @@ from harness.results import CellResult, Outcome, Parity, Progress, Timing, progr
 from harness.spec import CellSpec, TrainSpec, with_fields
 from harness.stacks import BuiltCell, Stack, load_stack
 from harness.timing import AutotuneWatch, StepTimer, steady_state, timed
-from harness.trace import TrainingTrace
+from harness.trace import TrainingTrace, trainable
 
 PROGRESS_MIN_STEPS = 50  # a cell planned for this many steps or more writes its progress …
 PROGRESS_EVERY = 10  # … every this many steps
@@ -154,7 +154,7 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
     trace = TrainingTrace() if spec.trace else None
     parity: Parity | None = None
     samples_per_step = spec.batch_size
-    trainable: int | None = None
+    trainable_mib: float | None = None
     model_source, data_source = spec.model_source, spec.data_source
 
     with probe:
@@ -166,7 +166,7 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
                 with timed(phases, "build"):
                     built = stack.build(spec, device)
                 samples_per_step = built.samples_per_step
-                trainable = ranks.trainable_bytes(built.trainer.model)
+                trainable_mib = to_mib(sum(p.numel() * p.element_size() for p in trainable(built.trainer.model)))
                 model_source, data_source = built.model_source, built.data_source
                 built.trainer.add_callback(timer)
                 quiet_printer(built.trainer)
@@ -225,8 +225,8 @@ def run_cell(spec: TrainSpec, output: Path, grid: str | None = None, notebook: P
         steady_step_time_sec=steady_time,
         samples_per_sec=None if steady_time is None else samples_per_step / steady_time,
         backend_entry_point_calls=entry_point_calls,
-        trainable_parameter_bytes=trainable,
-        ddp_bucket_bytes=ddp_buckets,
+        trainable_parameter_mib=trainable_mib,
+        ddp_bucket_mib=None if ddp_buckets is None else to_mib(ddp_buckets),
         maxsim_calls_in_train=recorder.calls,
         maxsim_calls_isolated=isolated,
         env=environment.collect(device, spec.card, card_cap, spec.seed, model_source, data_source),

@@ -204,10 +204,8 @@ def summary(result: CellResult) -> pd.DataFrame:
         "per rank: outcome, step peak allocated": "; ".join(
             f"rank {rank.rank} {rank.outcome}" + (f", {mib_gib(rank.step_peak_alloc_mib)}" if rank.step_peak_alloc_mib else "")
             for rank in result.ranks) or None,
-        "trainable parameters": None if result.trainable_parameter_bytes is None else mib_gib(
-            result.trainable_parameter_bytes / 2**20),
-        "DDP's allreduce buckets (per rank)": None if result.ddp_bucket_bytes is None else mib_gib(
-            result.ddp_bucket_bytes / 2**20),
+        "trainable parameters": mib_gib(result.trainable_parameter_mib) or None,
+        "DDP's allreduce buckets (per rank)": mib_gib(result.ddp_bucket_mib) or None,
         "model": result.env.model_source if result.env else None,
         "data": result.env.data_source if result.env else None,
     }

@@ -33,14 +33,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from harness import gpu_gate
 from harness.results import CellResult, RankResult, ResultError, load_result, write_result
 from harness.spec import TrainSpec
-
-if TYPE_CHECKING:
-    import torch
 
 RANKS_VARIABLE = "MAXSIM_RANKS"  # set in every rank: the scratch folder its result goes to
 RANK_FAILED = 3  # a rank's exit status when it did not train every step: torchrun then stops the rest
@@ -119,11 +115,6 @@ def rank_record(rank: int, result: CellResult | None) -> RankResult:
         return RankResult(rank=rank, outcome="stopped")
     shared = result.model_dump(mode="python", include=set(RankResult.model_fields) & set(CellResult.model_fields))
     return RankResult(rank=rank, device=result.env.device if result.env else None, **shared)
-
-
-def trainable_bytes(model: torch.nn.Module) -> int:
-    """The bytes of a model's trainable parameters (their gradients take as many)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 def ddp_bucket_bytes(model: object) -> int | None:

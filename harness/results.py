@@ -204,12 +204,12 @@ class CellResult(_Record):
     steady_step_time_sec: float | None = None
     samples_per_sec: float | None = None
     backend_entry_point_calls: int | None = None
-    # bytes of the trainable parameters (their gradients take as many), and, where the trainer wrapped the
-    # model in DistributedDataParallel, the bytes its reducer keeps in allreduce buckets beside the
-    # gradients (0 when the gradients are views into the buckets; None without DDP): a data-parallel
-    # rank's memory that a one-process cell does not have (None on results older than these fields)
-    trainable_parameter_bytes: int | None = None
-    ddp_bucket_bytes: int | None = None
+    # the trainable parameters (their gradients take as many), and, where the trainer wrapped the model in
+    # DistributedDataParallel, what its reducer keeps in allreduce buckets beside the gradients (0 when
+    # the gradients are views into the buckets; None without DDP): a data-parallel rank's memory that a
+    # one-process cell does not have (None on results older than these fields)
+    trainable_parameter_mib: float | None = None
+    ddp_bucket_mib: float | None = None
     maxsim_calls_in_train: list[OpCall] = Field(default_factory=list)
     maxsim_calls_isolated: list[OpCall] = Field(default_factory=list)
     env: Environment | None = None

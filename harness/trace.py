@@ -38,7 +38,7 @@ def _host_vector(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().to("cpu", copy=True).to(torch.float64).flatten() for t in tensors])
 
 
-def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
@@ -79,7 +79,7 @@ class TrainingTrace(TrainerCallback):
 
     def _keep_first_grad(self, model: torch.nn.Module) -> None:
         if self.first_grad is None:
-            self.first_grad = _host_vector([p.grad for p in _trainable(model) if p.grad is not None])
+            self.first_grad = _host_vector([p.grad for p in trainable(model) if p.grad is not None])
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
         if model is not None:  # without clipping (max_grad_norm 0) the first gradient is kept here
@@ -91,7 +91,7 @@ class TrainingTrace(TrainerCallback):
 
     def finish(self, spec: TrainSpec, model: torch.nn.Module) -> Parity:
         """Write the reference (the vanilla cell) or compare with it (every other backend)."""
-        final = _host_vector(list(_trainable(model)))
+        final = _host_vector(list(trainable(model)))
         path = reference_path(spec)
         if self.first_grad is None:
             return Parity(reference=path.name, note="no optimizer step was taken: nothing to compare")

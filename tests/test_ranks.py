@@ -150,10 +150,10 @@ def test_torchrun_trains_pylates_recipe_on_two_ranks_with_documents_gathered(tmp
     assert _doc_rows(alone.maxsim_calls_in_train) == {8} and alone.ranks == []
     # what a rank holds that one process does not: DDP's allreduce buckets, a second copy of the trainable
     # parameters' fp32 gradients (the trainer keeps them apart from the gradients); one process has no DDP
-    assert result.trainable_parameter_bytes == alone.trainable_parameter_bytes > 0
-    assert result.ddp_bucket_bytes == result.trainable_parameter_bytes and alone.ddp_bucket_bytes is None
+    assert result.trainable_parameter_mib == alone.trainable_parameter_mib > 0
+    assert result.ddp_bucket_mib == result.trainable_parameter_mib and alone.ddp_bucket_mib is None
     buckets = "DDP's allreduce buckets (per rank)"  # the cell's page names them; a one-process cell's does not
-    assert display.summary(result)["value"][buckets] == display.mib_gib(result.ddp_bucket_bytes / 2**20)
+    assert display.summary(result)["value"][buckets] == display.mib_gib(result.ddp_bucket_mib)
     assert buckets not in display.summary(alone).index
     # the analytic per-rank grid with W (op_bytes.gathered), from the one-process shapes: the replays of
     # the gathered shapes match it to the byte (the CPU's MemTracker counts exact bytes). A rank's CPU
@@ -178,7 +178,7 @@ def test_torchrun_trains_colqwen2s_recipe_on_two_ranks_gathering_documents(tmp_p
     assert result.outcome == "ok" and [(r.rank, r.outcome) for r in result.ranks] == [(0, "ok"), (1, "ok")]
     for rank in result.ranks:
         assert [(call.query_shape[0], call.doc_shape[0]) for call in rank.maxsim_calls_in_train] == [(4, 8), (4, 8)]
-    assert result.ddp_bucket_bytes == result.trainable_parameter_bytes > 0  # DDP's buckets: the LoRA gradients again
+    assert result.ddp_bucket_mib == result.trainable_parameter_mib > 0  # DDP's buckets: the LoRA gradients again
     for call in result.maxsim_calls_isolated:  # rank 0's replays, against the formula from one rank's 4 documents
         predicted = op_bytes.gathered("colpali", call.query_shape, [4, *call.doc_shape[1:]], 4, 2)
         assert (call.forward_transient_peak_mib, call.saved_for_backward_mib) == (predicted.forward_transient / 2**20,
