@@ -604,8 +604,9 @@ def _predict(args: argparse.Namespace, model: MemoryModel) -> str:
     lines.append(f"  (fixed {peak.fixed_mib:.0f} MiB + {per_sample:.1f} MiB per sample, MaxSim {peak.maxsim_placement}, "
                  f"margin {margin.fraction:.1%} of the peak from {', '.join(margin.cards)})")  # fmt: skip
     if args.world_size > 1:
-        lines.append("  world size > 1: per-device figures; no multi-GPU cell is committed, so DDP's gradient buckets "
-                     "and any cross-device gathering of documents are not in the model.")  # fmt: skip
+        lines.append("  world size > 1: per-device figures of one-GPU training; DDP's gradient buckets and documents "
+                     "gathered across devices are not in this model (the page *Negatives gathered across GPUs* adds "
+                     "them to the multi-GPU grid's W = 1 cells).")  # fmt: skip
     return "\n".join(lines)
 
 

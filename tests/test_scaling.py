@@ -131,14 +131,17 @@ def test_the_gathered_model_grows_from_the_measured_base_by_the_op_formula(commi
         if not row.predicted_mib:
             continue
         assert row.predicted_mib[1] == pytest.approx(row.base_mib)
+        bucket = row.bucket_mib or 0.0  # DDP's buckets: from W = 2 on, the base cell's trainable parameters
+        for world in (2, 4, 8):
+            assert row.predicted_mib[world] == pytest.approx(row.base_mib + bucket + row.op_growth_mib[world])
         call = scaling._vanilla_call(calls, row.recipe)
         stack, itemsize = row.recipe.stack, op_bytes.ITEMSIZE[str(call["dtype"])]
         if row.recipe.backend == "vanilla":
             grid = [op_bytes.gathered(stack, call["query_shape"], call["doc_shape"], itemsize, w).forward_transient
                     for w in (1, 8)]  # fmt: skip
-            assert row.predicted_mib[8] - row.base_mib == pytest.approx((grid[1] - grid[0]) / 2**20)
+            assert row.op_growth_mib[8] == pytest.approx((grid[1] - grid[0]) / 2**20)
         else:  # the other ranks' documents and their gradient: linear in W − 1
-            growth = [row.predicted_mib[w] - row.base_mib for w in (2, 4, 8)]
+            growth = [row.op_growth_mib[w] for w in (2, 4, 8)]
             assert growth[1] == pytest.approx(3 * growth[0]) and growth[2] == pytest.approx(7 * growth[0])
 
 
@@ -339,3 +342,64 @@ def test_the_score_calls_share_of_the_step_is_read_from_the_base_and_the_gathere
         assert f"{scaling.recipe_name(row.recipe)}: {base / 1024:.2f} of {row.base_mib / 1024:.2f} GiB" in words
         # gathered.md: "the grid's share of the step grows with every GPU added"
         assert op / result.step_peak_alloc_mib > base / row.base_mib, result.cell_id
+
+
+def test_the_buckets_are_the_w1_cells_trainable_parameters_and_the_rises_are_measured_less_base(committed):
+    """The DDP term comes from the W = 1 cell's recorded trainable parameters (one copy of their fp32
+    gradients per rank), and each rise is the W = 2 cell's per-rank peak less that W = 1 peak."""
+    results, cells, calls = committed
+    rows = scaling.scalings(results, cells, calls)
+    ones = {(r.stack, r.regime, r.batch_size, r.variant): r for _, r in results.of(data.MULTI_GPU)
+            if r.world_size == 1 and r.outcome == "ok"}  # fmt: skip
+    for row in rows:
+        one = ones.get((row.recipe.stack, row.recipe.regime, row.recipe.batch, row.recipe.backend))
+        if one is None:
+            assert row.bucket_mib is None
+            continue
+        assert row.base_mib == one.step_peak_alloc_mib and row.bucket_mib == one.trainable_parameter_mib
+    found = scaling.rises(rows)
+    if not found:
+        pytest.skip("no W = 2 cell beside a W = 1 cell that recorded its trainable parameters")
+    for rise in found:
+        outcome, peak = rise.scaling.one_gpu[rise.world] if rise.one_gpu else rise.scaling.measured[rise.world]
+        assert outcome == "ok" and rise.measured_mib == pytest.approx(peak - rise.scaling.base_mib)
+        assert rise.residual_mib == pytest.approx(rise.measured_mib - rise.bucket_mib - rise.op_mib)
+        # the model check's gap is the same residual
+        assert rise.scaling.predicted_mib[rise.world] == pytest.approx(peak - rise.residual_mib)
+    table = scaling.rise_table(found)
+    assert len(table) == len(found) and not table.isna().any().any()
+    assert list(table["measured − model"]) == [f"{r.residual_mib:+,.0f}" for r in found]
+
+
+def test_the_rise_sentences_name_exactly_the_cells_below_the_buckets_above_the_model_and_alike(committed):
+    results, cells, calls = committed
+    rows = [row for row in scaling.scalings(results, cells, calls) if row.predicted_mib]
+    vanilla = next(row for row in rows if row.recipe.backend == "vanilla")
+    fused = next(row for row in rows if row.recipe.backend != "vanilla" and row.recipe.batch == vanilla.recipe.batch
+                 and row.recipe.stack == vanilla.recipe.stack)  # fmt: skip
+    base_v, base_f = vanilla.base_mib, fused.base_mib
+    fake = [dataclasses.replace(vanilla, bucket_mib=500.0, op_growth_mib={1: 0.0, 2: 100.0}, measured={},
+                                one_gpu={2: ("ok", base_v + 450.0)}),
+            dataclasses.replace(fused, bucket_mib=500.0, op_growth_mib={1: 0.0, 2: 10.0}, measured={},
+                                one_gpu={2: ("ok", base_f + 480.0)})]  # fmt: skip
+    found = scaling.rises(fake)
+    assert [round(r.residual_mib) for r in found] == [-150, -30]
+    words = scaling.rise_words(found)
+    assert words.startswith("From W = 1 to the measured W, the 2 cells rose by 450 MiB to 480 MiB per rank.")
+    assert "2 cells rose by less than DDP's buckets alone" in words and "rose by more than both terms" not in words
+    assert "Vanilla rose as the fused backend did, within 64 MiB" in words  # 450 and 480 lie 30 MiB apart
+    fake[1] = dataclasses.replace(fake[1], one_gpu={2: ("ok", base_f + 700.0)})
+    words = scaling.rise_words(scaling.rises(fake))
+    assert "1 cell rose by more than both terms" in words and "Vanilla rose as" not in words
+    assert scaling.rise_words([]) == ""
+
+
+def test_the_lengths_drawn_at_w2_differ_from_w1_only_where_the_data_is_drawn_per_rank(committed):
+    """PyLate's shapes are fixed, so its W = 2 ranks score the W = 1 cell's lengths; ColQwen2's pages vary."""
+    results, _, _ = committed
+    found = scaling.drawn_lengths(results)
+    assert all(stack != "pylate" for stack, _ in found)
+    for (stack, batch), (one, two) in found.items():
+        assert set(one) != set(two)
+        assert f"{text_words.STACK_NAMES[stack]} B = {batch}: query tokens" in scaling.drawn_lengths_words(results)
+    assert (scaling.drawn_lengths_words(results) == "") == (not found)

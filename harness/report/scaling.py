@@ -464,6 +464,12 @@ class Scaling:
     measured: dict[int, tuple[str, float | None]]  # W → (outcome, per-rank peak MiB: the largest rank's)
     # W → the same, measured with every rank on one GPU (ranks_share_gpu: gloo, on a host that lends one)
     one_gpu: dict[int, tuple[str, float | None]] = dataclasses.field(default_factory=dict)
+    # DDP's allreduce buckets one rank holds above W = 1 (MiB): the base cell's trainable parameters, which
+    # transformers' Trainer hands to DistributedDataParallel with gradient_as_bucket_view=False, so the
+    # buckets are a second copy of the gradients. None: the base recorded no trainable parameters.
+    bucket_mib: float | None = None
+    # W → the op's part of the prediction above W = 1 (MiB): :func:`rank_growth_mib`
+    op_growth_mib: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 def planned_recipes(path: Path = MULTI_GPU_GRID) -> list[tuple[Recipe, int]]:
@@ -520,6 +526,7 @@ def scalings(results: data.Results, cells: pd.DataFrame, calls: pd.DataFrame,
     planned = planned_recipes() if planned is None else planned
     measured: dict[Recipe, dict[int, tuple[str, float | None]]] = {}
     one_gpu: dict[Recipe, dict[int, tuple[str, float | None]]] = {}
+    trainable: dict[Recipe, float | None] = {}
     for _, result in results.of(data.MULTI_GPU):
         spec = result.spec
         if not isinstance(spec, TrainSpec) or spec.card != GATHER_CARD:
@@ -527,20 +534,161 @@ def scalings(results: data.Results, cells: pd.DataFrame, calls: pd.DataFrame,
         recipe = Recipe(spec.stack, spec.regime, spec.batch_size, data.backend_label(spec.variant, spec.score_mini_batch_size))
         into = one_gpu if spec.ranks_share_gpu else measured
         into.setdefault(recipe, {})[result.world_size] = (result.outcome, _rank_peak(result))
+        if result.world_size == 1 and not spec.ranks_share_gpu:
+            trainable[recipe] = result.trainable_parameter_mib
     out = []
     for recipe in dict.fromkeys(recipe for recipe, _ in planned):
         own = measured.get(recipe, {})
         base: tuple[float, str] | None = None
+        bucket: float | None = None
         if 1 in own and own[1][0] == "ok" and own[1][1] is not None:
-            base = (float(own[1][1]), data.MULTI_GPU)
+            base, bucket = (float(own[1][1]), data.MULTI_GPU), trainable.get(recipe)
         else:
             base = _one_gpu_peak(cells, recipe)
         call = _vanilla_call(calls, recipe)
-        predicted = {} if base is None or call is None else {
-            world: base[0] + rank_growth_mib(call, recipe.backend, world) for world in WORLDS}
+        growth = {} if base is None or call is None else {
+            world: rank_growth_mib(call, recipe.backend, world) for world in WORLDS}
+        predicted = {world: base[0] + mib + (bucket or 0.0) * (world > 1)
+                     for world, mib in growth.items()} if base is not None else {}  # fmt: skip
         out.append(Scaling(recipe, None if base is None else base[0], None if base is None else base[1], predicted, own,
-                           one_gpu.get(recipe, {})))  # fmt: skip
+                           one_gpu.get(recipe, {}), bucket, growth))  # fmt: skip
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Rise:
+    """What one rank's step peak gained from W = 1 to a measured W, beside the model's two terms."""
+
+    scaling: Scaling
+    world: int
+    one_gpu: bool  # the W cell's ranks shared one GPU
+    measured_mib: float  # the W cell's per-rank peak less the W = 1 base
+    bucket_mib: float  # DDP's buckets (the model's)
+    op_mib: float  # the op's growth (the model's)
+
+    @property
+    def residual_mib(self) -> float:
+        return self.measured_mib - self.bucket_mib - self.op_mib
+
+
+def rises(rows: Sequence[Scaling]) -> list[Rise]:
+    """Per recipe and measured W > 1 that trained (on W GPUs, else with its ranks on one GPU), with a
+    W = 1 base that recorded its trainable parameters: the measured rise and the model's terms."""
+    out = []
+    for row in rows:
+        if row.base_mib is None or row.bucket_mib is None:
+            continue
+        for world in sorted(set(row.measured) | set(row.one_gpu)):
+            own = world in row.measured
+            outcome, mib = row.measured[world] if own else row.one_gpu[world]
+            if world > 1 and outcome == "ok" and mib is not None and world in row.op_growth_mib:
+                out.append(Rise(row, world, not own, mib - row.base_mib, row.bucket_mib, row.op_growth_mib[world]))
+    return out
+
+
+def rise_table(found: Sequence[Rise]) -> pd.DataFrame:
+    """:func:`rises` as a table, in MiB: measured, the model's buckets and op growth, and what is left."""
+    return pd.DataFrame([{
+        "stack · regime": nowrap(f"{STACK_NAMES[r.scaling.recipe.stack]} · {r.scaling.recipe.regime}"),
+        "B per rank": r.scaling.recipe.batch, "backend": r.scaling.recipe.backend,
+        "W": f"{r.world}{' (m1)' if r.one_gpu else ' (m)'}",
+        "measured rise": f"{r.measured_mib:+,.0f}", "DDP buckets": f"{r.bucket_mib:,.0f}",
+        "op growth": f"{r.op_mib:,.0f}", "measured − model": f"{r.residual_mib:+,.0f}"} for r in found])  # fmt: skip
+
+
+def _lengths(calls: Sequence[Any]) -> list[tuple[int, int]]:
+    """Per call in training: (query tokens, document tokens), in step order."""
+    return [(int(call.query_shape[1]), int(call.doc_shape[-2])) for call in calls]
+
+
+def drawn_lengths(results: data.Results) -> dict[tuple[str, int], tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
+    """Per (stack, batch) whose W = 1 cell and a W = 2 cell of one backend both trained: the lengths
+    every call of the W = 1 cell scored, and those of the W = 2 cell's ranks, where they differ
+    (a rank of W = 2 draws other samples than the one rank of W = 1)."""
+    ones: dict[tuple[str, str, int, str], list[tuple[int, int]]] = {}
+    twos: dict[tuple[str, str, int, str], list[tuple[int, int]]] = {}
+    for _, result in results.of(data.MULTI_GPU):
+        spec = result.spec
+        if not isinstance(spec, TrainSpec) or spec.card != GATHER_CARD or result.outcome != "ok":
+            continue
+        key = (spec.stack, spec.regime, spec.batch_size, spec.variant)
+        if result.world_size == 1:
+            ones[key] = _lengths(result.maxsim_calls_in_train)
+        elif result.world_size == 2:
+            twos[key] = [length for rank in result.ranks for length in _lengths(rank.maxsim_calls_in_train)]
+    out = {}
+    for key in sorted(set(ones) & set(twos)):
+        if sorted(set(ones[key])) != sorted(set(twos[key])) and (key[0], key[2]) not in out:
+            out[(key[0], key[2])] = (ones[key], twos[key])
+    return out
+
+
+def drawn_lengths_words(results: data.Results) -> str:
+    """:func:`drawn_lengths` in words (empty where every W = 2 rank scored the W = 1 cell's lengths)."""
+    found = drawn_lengths(results)
+    if not found:
+        return ""
+
+    def span(values: Sequence[int]) -> str:
+        return f"{min(values)}–{max(values)}" if min(values) != max(values) else f"{min(values)}"
+
+    parts = [f"{STACK_NAMES[stack]} B = {batch}: query tokens {span([q for q, _ in one])} and document tokens "
+             f"{span([d for _, d in one])} at W = 1, {span([q for q, _ in two])} and {span([d for _, d in two])} at W = 2"
+             for (stack, batch), (one, two) in found.items()]  # fmt: skip
+    stacks = joined(sorted({STACK_NAMES[stack] for stack, _ in found}))
+    return (f"The ranks of W = 2 scored other lengths than the W = 1 cell ({'; '.join(parts)}): a rank draws other samples "
+            f"than one process does, so {stacks}'s rises mix the data drawn with W.")  # fmt: skip
+
+
+RISE_TOLERANCE_MIB = 64.0  # two rises this close are the same rise (the step-peak tolerance of the pages)
+
+
+def alike_rises(found: Sequence[Rise]) -> list[tuple[Rise, Rise]]:
+    """(vanilla, fused) pairs of one recipe and W whose rises lie within :data:`RISE_TOLERANCE_MIB`:
+    where the grid vanilla builds and the fused backend never does made no difference to the rise."""
+    vanilla = {(r.scaling.recipe.stack, r.scaling.recipe.regime, r.scaling.recipe.batch, r.world): r
+               for r in found if r.scaling.recipe.backend == "vanilla"}  # fmt: skip
+    out: dict[tuple[str, str, int, int], tuple[Rise, Rise]] = {}
+    for r in found:
+        key = (r.scaling.recipe.stack, r.scaling.recipe.regime, r.scaling.recipe.batch, r.world)
+        if (r.scaling.recipe.backend != "vanilla" and key in vanilla and key not in out
+                and abs(vanilla[key].measured_mib - r.measured_mib) <= RISE_TOLERANCE_MIB):  # fmt: skip
+            out[key] = (vanilla[key], r)
+    return list(out.values())
+
+
+def rise_words(found: Sequence[Rise]) -> str:
+    """The rises in words: which recipes rose by less than DDP's buckets alone (where the model, adding
+    the op's growth on top, must lie above the measurement), and which by more than both terms."""
+    if not found:
+        return ""
+    below = [r for r in found if r.measured_mib < r.bucket_mib]
+    above = [r for r in found if r.residual_mib > 0]
+
+    def names(group: Sequence[Rise]) -> str:
+        by: dict[tuple[str, str, int, int], list[str]] = {}
+        for r in group:
+            recipe = r.scaling.recipe
+            by.setdefault((recipe.stack, recipe.regime, recipe.batch, r.world), []).append(recipe.backend)
+        return "; ".join(f"{STACK_NAMES[stack]} · {regime} B = {batch} at W = {world}: {joined(backends)}"
+                         for (stack, regime, batch, world), backends in by.items())  # fmt: skip
+
+    words = [f"From W = 1 to the measured W, the {counted(len(found), 'cell')} rose by "
+             f"{as_published(min(r.measured_mib for r in found))} to {as_published(max(r.measured_mib for r in found))} "
+             "per rank."]  # fmt: skip
+    if below:
+        words.append(f"{counted(len(below), 'cell')} rose by less than DDP's buckets alone ({names(below)}), so the model, "
+                     "which adds the op's growth on top, lies above them.")  # fmt: skip
+    if above:
+        words.append(f"{counted(len(above), 'cell')} rose by more than both terms ({names(above)}).")
+    alike = alike_rises(found)
+    if alike:
+        words.append("Vanilla rose as the fused backend did, within " + as_published(RISE_TOLERANCE_MIB) + ", for "
+                     + joined([f"{STACK_NAMES[v.scaling.recipe.stack]} · {v.scaling.recipe.regime} B = {v.scaling.recipe.batch} "
+                               f"at W = {v.world} ({as_published(v.measured_mib)} and {as_published(f.measured_mib)})"
+                               for v, f in alike])
+                     + ": vanilla's gathered grid did not set those step peaks.")  # fmt: skip
+    return " ".join(words)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -750,7 +898,9 @@ def scaling_reading(rows: Sequence[Scaling], card: str = GATHER_CARD, ops: str =
                     + ", ".join(str(w) for w in sorted({w for row in rows for w in row.one_gpu})) if shared else "")
                  + ("; every other W ≥ 2 figure below is predicted." if measured or shared else
                     "; every W ≥ 2 figure below is predicted.")
-                 + " Each W = 1 base is a measured one-GPU step peak on the 80 GB profile.")  # fmt: skip
+                 + (" Each W = 1 base is the grid's own W = 1 cell (torchrun, one rank) on the 80 GB profile."
+                    if at_one == len(rows) else " Each W = 1 base is a measured step peak on the 80 GB profile: the grid's "
+                    "own W = 1 cell (torchrun, one rank) where it ran, else a one-GPU cell of the same recipe."))  # fmt: skip
     if measured or shared:
         lines.append(model_check_words(model_check(rows)))
         if ops:
