@@ -37,6 +37,7 @@ import dataclasses
 import html
 import json
 import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -169,6 +170,47 @@ def header_markdown(result: CellResult, result_file: str) -> str:
     )
 
 
+GENERIC_RUN = "Run it with papermill, one fresh kernel per cell:"
+OWN_RUN = "This cell again, by hand (papermill, one fresh kernel; a hand run writes its result outside `results/`):"
+_EXAMPLE = re.compile(r"^(?P<indent>\s+)papermill (?P<notebook>\S+\.ipynb) out\.ipynb -k (?P<kernel>\S+)( -p .*)?$", re.M)
+# the injected parameters that say where a grid's run wrote its result, not what it measured
+_WHERE = ("output", "grid")
+
+
+def _assignments(source: str) -> dict[str, Any]:
+    """``name = literal`` lines of a parameters cell, as values (anything else is skipped)."""
+    values: dict[str, Any] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                values[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    return values
+
+
+def own_command(cells: Sequence[Any], notebook_path: str, kernel: str) -> str | None:
+    """The papermill command that runs this cell again: the template with every parameter papermill
+    injected that differs from the template's default (None where no parameters were injected)."""
+    injected = next((cell for cell in cells if cell.cell_type == "code" and "injected-parameters" in _tags(cell)), None)
+    if injected is None:
+        return None
+    template = next((cell for cell in cells if cell.cell_type == "code" and "parameters" in _tags(cell)), None)
+    defaults = _assignments(template.source) if template is not None else {}
+    changed = [(name, value) for name, value in _assignments(injected.source).items()
+               if name not in _WHERE and (name not in defaults or defaults[name] != value)]  # fmt: skip
+    return f"papermill {notebook_path} out.ipynb -k {kernel}" + "".join(f" -p {name} {shlex.quote(str(value))}" for name, value in changed)
+
+
+def _own_run(source: str, cells: Sequence[Any]) -> str:
+    """The title cell's text with the template's example command replaced by this cell's own."""
+    match = _EXAMPLE.search(source)
+    command = None if match is None else own_command(cells, match["notebook"], match["kernel"])
+    if match is None or command is None:
+        return source
+    return source[: match.start()].replace(GENERIC_RUN, OWN_RUN) + match["indent"] + command + source[match.end():]
+
+
 def refresh_notebook(notebook: Any, result: CellResult, result_file: str) -> Any:
     """``notebook`` (an nbformat node, not changed) with its display outputs, title and header set from ``result``."""
     notebook = copy.deepcopy(notebook)
@@ -177,7 +219,7 @@ def refresh_notebook(notebook: Any, result: CellResult, result_file: str) -> Any
     for cell in cells:
         if cell.cell_type == "markdown" and cell.source.lstrip().startswith("# "):
             _, _, rest = cell.source.lstrip().partition("\n")
-            cell.source = f"# {title(result)}\n{rest}"
+            cell.source = f"# {title(result)}\n{_own_run(rest, cells)}"
             break
     else:
         cells.insert(0, nbformat.v4.new_markdown_cell(f"# {title(result)}"))

@@ -175,6 +175,44 @@ def test_a_committed_notebook_reads_as_a_record(path, results):
     assert f"`{result.grid}`" in header.source and f"`{result.cell_id}`" in header.source and result_file in header.source
     injected = [c for c in notebook.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert all("remove-input" in c.metadata["tags"] for c in injected)
+    _assert_the_command_is_the_cells_own(notebook, title.source, result)
+
+
+def _assert_the_command_is_the_cells_own(notebook, title: str, result: CellResult) -> None:
+    """The title cell's papermill command runs this cell: every parameter it passes is the one papermill
+    injected, every one it leaves out is the template's default, and the batch is the result's."""
+    (line,) = [line.strip() for line in title.splitlines() if line.strip().startswith("papermill ")]
+    assert cellbook.GENERIC_RUN not in title and cellbook.OWN_RUN in title
+    passed = dict(re.findall(r" -p (\S+) (\S+)", line))
+    cells = notebook.cells
+    injected = cellbook._assignments(next(c for c in cells if "injected-parameters" in c.metadata.get("tags", [])).source)
+    template = next((c for c in cells if "parameters" in c.metadata.get("tags", [])), None)
+    defaults = cellbook._assignments(template.source) if template is not None else {}
+    for name, value in injected.items():
+        if name in ("output", "grid"):
+            assert name not in passed
+        elif name in passed:
+            assert passed[name] == str(value), name
+        else:
+            assert defaults[name] == value, name
+    assert passed.get("batch", str(defaults.get("batch"))) == str(result.spec.batch_size)
+
+
+def test_a_cells_command_replaces_the_templates_example_and_stays_put():
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_markdown_cell("# t\n\nRun it with papermill, one fresh kernel per cell:\n\n"
+                                      "    papermill notebooks/pylate.ipynb out.ipynb -k maxsim-pylate -p batch 512 -p variant lik\n\nAfter."),
+        nbformat.v4.new_code_cell("batch = 4\nvariant = 'vanilla'\nsteps = 4", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell('# Parameters\nstack = "pylate"\nbatch = 256\nvariant = "vanilla"\nsteps = 8\n'
+                                  'output = "/x/y.json"\ngrid = "ceilings"\ngather = True', metadata={"tags": ["injected-parameters"]}),
+    ]  # fmt: skip
+    once = cellbook._own_run(notebook.cells[0].source, notebook.cells)
+    assert once == ("# t\n\n" + cellbook.OWN_RUN + "\n\n    papermill notebooks/pylate.ipynb out.ipynb -k maxsim-pylate "
+                    "-p stack pylate -p batch 256 -p steps 8 -p gather True\n\nAfter.")  # fmt: skip
+    assert cellbook._own_run(once, notebook.cells) == once
+    del notebook.cells[2]  # a notebook papermill did not run keeps the template's example
+    assert cellbook._own_run(notebook.cells[0].source, notebook.cells) == notebook.cells[0].source
 
 
 def test_the_header_and_summary_of_an_out_of_memory_cell(results):
