@@ -199,7 +199,8 @@ def own_command(cells: Sequence[Any], notebook_path: str, kernel: str) -> str | 
     defaults = _assignments(template.source) if template is not None else {}
     changed = [(name, value) for name, value in _assignments(injected.source).items()
                if name not in _WHERE and (name not in defaults or defaults[name] != value)]  # fmt: skip
-    return f"papermill {notebook_path} out.ipynb -k {kernel}" + "".join(f" -p {name} {shlex.quote(str(value))}" for name, value in changed)
+    passed = "".join(f" -p {name} {shlex.quote(str(value))}" for name, value in changed)
+    return f"papermill {notebook_path} out.ipynb -k {kernel}{passed}"
 
 
 def _own_run(source: str, cells: Sequence[Any]) -> str:

@@ -201,11 +201,12 @@ def _assert_the_command_is_the_cells_own(notebook, title: str, result: CellResul
 def test_a_cells_command_replaces_the_templates_example_and_stays_put():
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [
-        nbformat.v4.new_markdown_cell("# t\n\nRun it with papermill, one fresh kernel per cell:\n\n"
-                                      "    papermill notebooks/pylate.ipynb out.ipynb -k maxsim-pylate -p batch 512 -p variant lik\n\nAfter."),
+        nbformat.v4.new_markdown_cell("# t\n\nRun it with papermill, one fresh kernel per cell:\n\n    papermill "
+                                      "notebooks/pylate.ipynb out.ipynb -k maxsim-pylate -p batch 512 -p variant lik\n\nAfter."),
         nbformat.v4.new_code_cell("batch = 4\nvariant = 'vanilla'\nsteps = 4", metadata={"tags": ["parameters"]}),
         nbformat.v4.new_code_cell('# Parameters\nstack = "pylate"\nbatch = 256\nvariant = "vanilla"\nsteps = 8\n'
-                                  'output = "/x/y.json"\ngrid = "ceilings"\ngather = True', metadata={"tags": ["injected-parameters"]}),
+                                  'output = "/x/y.json"\ngrid = "ceilings"\ngather = True',
+                                  metadata={"tags": ["injected-parameters"]}),
     ]  # fmt: skip
     once = cellbook._own_run(notebook.cells[0].source, notebook.cells)
     assert once == ("# t\n\n" + cellbook.OWN_RUN + "\n\n    papermill notebooks/pylate.ipynb out.ipynb -k maxsim-pylate "
