@@ -368,7 +368,7 @@ def test_the_buckets_are_the_w1_cells_trainable_parameters_and_the_rises_are_mea
         assert rise.scaling.predicted_mib[rise.world] == pytest.approx(peak - rise.residual_mib)
     table = scaling.rise_table(found)
     assert len(table) == len(found) and not table.isna().any().any()
-    assert list(table["measured − model"]) == [f"{r.residual_mib:+,.0f}" for r in found]
+    assert list(table["measured − model"]) == [f"{r.residual_mib:+,.0f}".replace("-", "\u2212") for r in found]
 
 
 def test_the_rise_sentences_name_exactly_the_cells_below_the_buckets_above_the_model_and_alike(committed):
@@ -384,14 +384,14 @@ def test_the_rise_sentences_name_exactly_the_cells_below_the_buckets_above_the_m
                                 one_gpu={2: ("ok", base_f + 480.0)})]  # fmt: skip
     found = scaling.rises(fake)
     assert [round(r.residual_mib) for r in found] == [-150, -30]
-    words = scaling.rise_words(found)
+    words = " ".join(scaling.rise_words(found))
     assert words.startswith("From W = 1 to the measured W, the 2 cells rose by 450 MiB to 480 MiB per rank.")
     assert "2 cells rose by less than DDP's buckets alone" in words and "rose by more than both terms" not in words
     assert "Vanilla rose as the fused backend did, within 64 MiB" in words  # 450 and 480 lie 30 MiB apart
     fake[1] = dataclasses.replace(fake[1], one_gpu={2: ("ok", base_f + 700.0)})
-    words = scaling.rise_words(scaling.rises(fake))
+    words = " ".join(scaling.rise_words(scaling.rises(fake)))
     assert "1 cell rose by more than both terms" in words and "Vanilla rose as" not in words
-    assert scaling.rise_words([]) == ""
+    assert scaling.rise_words([]) == []
 
 
 def test_the_lengths_drawn_at_w2_differ_from_w1_only_where_the_data_is_drawn_per_rank(committed):

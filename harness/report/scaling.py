@@ -591,9 +591,13 @@ def rise_table(found: Sequence[Rise]) -> pd.DataFrame:
     return pd.DataFrame([{
         "stack · regime": nowrap(f"{STACK_NAMES[r.scaling.recipe.stack]} · {r.scaling.recipe.regime}"),
         "B per rank": r.scaling.recipe.batch, "backend": r.scaling.recipe.backend,
-        "W": f"{r.world}{' (m1)' if r.one_gpu else ' (m)'}",
-        "measured rise": f"{r.measured_mib:+,.0f}", "DDP buckets": f"{r.bucket_mib:,.0f}",
-        "op growth": f"{r.op_mib:,.0f}", "measured − model": f"{r.residual_mib:+,.0f}"} for r in found])  # fmt: skip
+        "W": nowrap(f"{r.world} ({'m1' if r.one_gpu else 'm'})"),
+        "measured rise": _signed(r.measured_mib), "DDP buckets": f"{r.bucket_mib:,.0f}",
+        "op growth": f"{r.op_mib:,.0f}", "measured − model": _signed(r.residual_mib)} for r in found])  # fmt: skip
+
+
+def _signed(mib: float) -> str:
+    return f"{mib:+,.0f}".replace("-", "\u2212")
 
 
 def _lengths(calls: Sequence[Any]) -> list[tuple[int, int]]:
@@ -657,11 +661,11 @@ def alike_rises(found: Sequence[Rise]) -> list[tuple[Rise, Rise]]:
     return list(out.values())
 
 
-def rise_words(found: Sequence[Rise]) -> str:
+def rise_words(found: Sequence[Rise]) -> list[str]:
     """The rises in words: which recipes rose by less than DDP's buckets alone (where the model, adding
     the op's growth on top, must lie above the measurement), and which by more than both terms."""
     if not found:
-        return ""
+        return []
     below = [r for r in found if r.measured_mib < r.bucket_mib]
     above = [r for r in found if r.residual_mib > 0]
 
@@ -688,7 +692,7 @@ def rise_words(found: Sequence[Rise]) -> str:
                                f"at W = {v.world} ({as_published(v.measured_mib)} and {as_published(f.measured_mib)})"
                                for v, f in alike])
                      + ": vanilla's gathered grid did not set those step peaks.")  # fmt: skip
-    return " ".join(words)
+    return words
 
 
 @dataclasses.dataclass(frozen=True)
