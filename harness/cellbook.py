@@ -172,7 +172,10 @@ def header_markdown(result: CellResult, result_file: str) -> str:
 
 GENERIC_RUN = "Run it with papermill, one fresh kernel per cell:"
 OWN_RUN = "This cell again, by hand (papermill, one fresh kernel; a hand run writes its result outside `results/`):"
-_EXAMPLE = re.compile(r"^(?P<indent>\s+)papermill (?P<notebook>\S+\.ipynb) out\.ipynb -k (?P<kernel>\S+)( -p .*)?$", re.M)
+# the template's example, or a cell's own command over several lines (each but the last ending in a backslash)
+_EXAMPLE = re.compile(r"^(?P<indent>[ \t]+)papermill (?P<notebook>\S+\.ipynb) out\.ipynb -k (?P<kernel>\S+)"
+                      r"(?:[^\n]*\\\n)*[^\n]*$", re.M)  # fmt: skip
+COMMAND_WIDTH = 88  # a line of the command, past its indent, that the page shows without scrolling
 # the injected parameters that say where a grid's run wrote its result, not what it measured
 _WHERE = ("output", "grid")
 
@@ -189,9 +192,11 @@ def _assignments(source: str) -> dict[str, Any]:
     return values
 
 
-def own_command(cells: Sequence[Any], notebook_path: str, kernel: str) -> str | None:
+def own_command(cells: Sequence[Any], notebook_path: str, kernel: str, indent: str = "") -> str | None:
     """The papermill command that runs this cell again: the template with every parameter papermill
-    injected that differs from the template's default (None where no parameters were injected)."""
+    injected that differs from the template's default (None where no parameters were injected),
+    broken into lines of at most :data:`COMMAND_WIDTH` characters, each continued with a backslash
+    and the next indented by ``indent`` and four spaces."""
     injected = next((cell for cell in cells if cell.cell_type == "code" and "injected-parameters" in _tags(cell)), None)
     if injected is None:
         return None
@@ -199,14 +204,20 @@ def own_command(cells: Sequence[Any], notebook_path: str, kernel: str) -> str | 
     defaults = _assignments(template.source) if template is not None else {}
     changed = [(name, value) for name, value in _assignments(injected.source).items()
                if name not in _WHERE and (name not in defaults or defaults[name] != value)]  # fmt: skip
-    passed = "".join(f" -p {name} {shlex.quote(str(value))}" for name, value in changed)
-    return f"papermill {notebook_path} out.ipynb -k {kernel}{passed}"
+    lines = [f"papermill {notebook_path} out.ipynb -k {kernel}"]
+    for name, value in changed:
+        part = f"-p {name} {shlex.quote(str(value))}"
+        if len(lines[-1]) + 1 + len(part) > COMMAND_WIDTH:
+            lines.append("    " + part)
+        else:
+            lines[-1] += " " + part
+    return f" \\\n{indent}".join(lines)
 
 
 def _own_run(source: str, cells: Sequence[Any]) -> str:
     """The title cell's text with the template's example command replaced by this cell's own."""
     match = _EXAMPLE.search(source)
-    command = None if match is None else own_command(cells, match["notebook"], match["kernel"])
+    command = None if match is None else own_command(cells, match["notebook"], match["kernel"], match["indent"])
     if match is None or command is None:
         return source
     return source[: match.start()].replace(GENERIC_RUN, OWN_RUN) + match["indent"] + command + source[match.end():]

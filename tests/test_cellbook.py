@@ -181,7 +181,11 @@ def test_a_committed_notebook_reads_as_a_record(path, results):
 def _assert_the_command_is_the_cells_own(notebook, title: str, result: CellResult) -> None:
     """The title cell's papermill command runs this cell: every parameter it passes is the one papermill
     injected, every one it leaves out is the template's default, and the batch is the result's."""
-    (line,) = [line.strip() for line in title.splitlines() if line.strip().startswith("papermill ")]
+    lines = [line.strip() for line in title.splitlines()]
+    (start,) = [i for i, line in enumerate(lines) if line.startswith("papermill ")]
+    end = next(i for i in range(start, len(lines)) if not lines[i].endswith("\\"))
+    assert all(len(line) <= cellbook.COMMAND_WIDTH + 6 for line in lines[start : end + 1])  # past the indent, " \\"
+    line = " ".join(line.removesuffix("\\").strip() for line in lines[start : end + 1])
     assert cellbook.GENERIC_RUN not in title and cellbook.OWN_RUN in title
     passed = dict(re.findall(r" -p (\S+) (\S+)", line))
     cells = notebook.cells
@@ -210,7 +214,7 @@ def test_a_cells_command_replaces_the_templates_example_and_stays_put():
     ]  # fmt: skip
     once = cellbook._own_run(notebook.cells[0].source, notebook.cells)
     assert once == ("# t\n\n" + cellbook.OWN_RUN + "\n\n    papermill notebooks/pylate.ipynb out.ipynb -k maxsim-pylate "
-                    "-p stack pylate -p batch 256 -p steps 8 -p gather True\n\nAfter.")  # fmt: skip
+                    "-p stack pylate -p batch 256 \\\n        -p steps 8 -p gather True\n\nAfter.")  # fmt: skip
     assert cellbook._own_run(once, notebook.cells) == once
     del notebook.cells[2]  # a notebook papermill did not run keeps the template's example
     assert cellbook._own_run(notebook.cells[0].source, notebook.cells) == notebook.cells[0].source
