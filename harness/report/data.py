@@ -458,8 +458,8 @@ class SearchRow:
     crash_message: str | None = None  # why the crashed probe that stopped the search crashed (its marker's message)
     recipe: SearchRow | None = None  # where this search collates with fewer dataloader workers: the recipe's own
     loader_check: tuple[LoaderCheck, ...] = ()  # then: the probes both searches trained, their peaks compared
-    # the data draws of the probes at the ceiling and the batch above it (those of an earlier draw where they decide
-    # nothing, harness.search.earlier_draw, only while the search runs them again)
+    # the data draws of the probes at the ceiling and of those that failed at the batch above it (those of an earlier
+    # draw where they decide nothing, harness.search.earlier_draw, only while the search runs them again)
     deciding_draws: frozenset[str] = frozenset()
     devices: frozenset[str] = frozenset()  # the GPUs its probes ran on, as their results name them
 
@@ -573,8 +573,11 @@ def search_row(search: CeilingSearch, probes: Probes, frame: pd.DataFrame) -> Se
         fails_where=None if failure is None else failure["oom_where"],
         fails_message=None if failure is None else failure["oom_message"],
         crash_message=_crash_message(probes, ceiling.crashed),
+        # every probe at the ceiling (each seed had to train) and the failed ones above it (a probe that trained
+        # there decides nothing)
         deciding_draws=frozenset(draw for (batch, _), result in (probed if ceiling.earlier_draw else probes.by_probe).items()
-                                 if batch in (ceiling.fits, ceiling.fails) and (draw := result.data_draw) is not None),
+                                 if (batch == ceiling.fits or (batch == ceiling.fails and result.outcome != "ok"))
+                                 and (draw := result.data_draw) is not None),
         devices=frozenset(probes.devices()),
     )  # fmt: skip
 

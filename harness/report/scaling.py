@@ -470,6 +470,7 @@ class Scaling:
     bucket_mib: float | None = None
     # W → the op's part of the prediction above W = 1 (MiB): :func:`rank_growth_mib`
     op_growth_mib: dict[int, float] = dataclasses.field(default_factory=dict)
+    base_gpu: str | None = None  # the GPU the grid's own W = 1 cell ran on, as nvidia-smi names it
 
 
 def planned_recipes(path: Path = MULTI_GPU_GRID) -> list[tuple[Recipe, int]]:
@@ -527,6 +528,7 @@ def scalings(results: data.Results, cells: pd.DataFrame, calls: pd.DataFrame,
     measured: dict[Recipe, dict[int, tuple[str, float | None]]] = {}
     one_gpu: dict[Recipe, dict[int, tuple[str, float | None]]] = {}
     trainable: dict[Recipe, float | None] = {}
+    gpu: dict[Recipe, str | None] = {}
     for _, result in results.of(data.MULTI_GPU):
         spec = result.spec
         if not isinstance(spec, TrainSpec) or spec.card != GATHER_CARD:
@@ -536,13 +538,15 @@ def scalings(results: data.Results, cells: pd.DataFrame, calls: pd.DataFrame,
         into.setdefault(recipe, {})[result.world_size] = (result.outcome, _rank_peak(result))
         if result.world_size == 1 and not spec.ranks_share_gpu:
             trainable[recipe] = result.trainable_parameter_mib
+            gpu[recipe] = result.env.device_name if result.env is not None else None
     out = []
     for recipe in dict.fromkeys(recipe for recipe, _ in planned):
         own = measured.get(recipe, {})
         base: tuple[float, str] | None = None
         bucket: float | None = None
+        base_gpu: str | None = None
         if 1 in own and own[1][0] == "ok" and own[1][1] is not None:
-            base, bucket = (float(own[1][1]), data.MULTI_GPU), trainable.get(recipe)
+            base, bucket, base_gpu = (float(own[1][1]), data.MULTI_GPU), trainable.get(recipe), gpu.get(recipe)
         else:
             base = _one_gpu_peak(cells, recipe)
         call = _vanilla_call(calls, recipe)
@@ -551,7 +555,7 @@ def scalings(results: data.Results, cells: pd.DataFrame, calls: pd.DataFrame,
         predicted = {world: base[0] + mib + (bucket or 0.0) * (world > 1)
                      for world, mib in growth.items()} if base is not None else {}  # fmt: skip
         out.append(Scaling(recipe, None if base is None else base[0], None if base is None else base[1], predicted, own,
-                           one_gpu.get(recipe, {}), bucket, growth))  # fmt: skip
+                           one_gpu.get(recipe, {}), bucket, growth, base_gpu))  # fmt: skip
     return out
 
 
@@ -896,15 +900,18 @@ def scaling_reading(rows: Sequence[Scaling], card: str = GATHER_CARD, ops: str =
     measured = sum(1 for row in rows for world in row.measured if world > 1)
     shared = sum(1 for row in rows for world in row.one_gpu if world not in row.measured)
     at_one = sum(1 for row in rows if row.base_from == data.MULTI_GPU)
+    gpus = sorted({row.base_gpu for row in rows if row.base_from == data.MULTI_GPU and row.base_gpu})
+    base_on = f", run on {joined([a_gpu(gpu) for gpu in gpus])}" if gpus else ""
     lines.append(f"Measured on several GPUs so far: {measured} cells at W > 1"
                  + (f" (and {at_one} at W = 1)" if at_one else "")
                  + (f"; with every rank on one GPU: {counted(shared, 'cell')} at W = "
                     + ", ".join(str(w) for w in sorted({w for row in rows for w in row.one_gpu})) if shared else "")
                  + ("; every other W ≥ 2 figure below is predicted." if measured or shared else
                     "; every W ≥ 2 figure below is predicted.")
-                 + (" Each W = 1 base is the grid's own W = 1 cell (torchrun, one rank) on the 80 GB profile."
-                    if at_one == len(rows) else " Each W = 1 base is a measured step peak on the 80 GB profile: the grid's "
-                    "own W = 1 cell (torchrun, one rank) where it ran, else a one-GPU cell of the same recipe."))  # fmt: skip
+                 + (f" Each W = 1 base is the grid's own W = 1 cell (torchrun, one rank) on the 80 GB profile{base_on}."
+                    if at_one == len(rows) else " Each W = 1 base is a measured step peak on the 80 GB profile: the "
+                    f"grid's own W = 1 cell (torchrun, one rank{base_on}) where it ran, else a one-GPU cell of the same "
+                    "recipe."))  # fmt: skip
     if measured or shared:
         lines.append(model_check_words(model_check(rows)))
         if ops:
