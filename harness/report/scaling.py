@@ -47,6 +47,7 @@ from harness.report.text import (
     nowrap,
     other_gpu,
     seed_words,
+    signed,
 )
 from harness.results import CellResult
 from harness.search import MIN_STEPS, REFERENCE_GPU
@@ -559,6 +560,18 @@ def scalings(results: data.Results, cells: pd.DataFrame, calls: pd.DataFrame,
     return out
 
 
+def trained_above_one_peaks(row: Scaling) -> list[tuple[int, bool, float]]:
+    """(W, whether its ranks shared one GPU, per-rank peak MiB) of each W > 1 the recipe trained at: on W
+    GPUs where such a cell ran, else with its ranks on one GPU."""
+    out = []
+    for world in sorted(set(row.measured) | set(row.one_gpu)):
+        own = world in row.measured
+        outcome, mib = row.measured[world] if own else row.one_gpu[world]
+        if world > 1 and outcome == "ok" and mib is not None:
+            out.append((world, not own, mib))
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Rise:
     """What one rank's step peak gained from W = 1 to a measured W, beside the model's two terms."""
@@ -574,6 +587,12 @@ class Rise:
     def residual_mib(self) -> float:
         return self.measured_mib - self.bucket_mib - self.op_mib
 
+    @property
+    def setting(self) -> tuple[str, str, int, int]:
+        """(stack, regime, batch per rank, W): the rise's recipe less its backend."""
+        recipe = self.scaling.recipe
+        return recipe.stack, recipe.regime, recipe.batch, self.world
+
 
 def rises(rows: Sequence[Scaling]) -> list[Rise]:
     """Per recipe and measured W > 1 that trained (on W GPUs, else with its ranks on one GPU), with a
@@ -582,11 +601,8 @@ def rises(rows: Sequence[Scaling]) -> list[Rise]:
     for row in rows:
         if row.base_mib is None or row.bucket_mib is None:
             continue
-        for world in sorted(set(row.measured) | set(row.one_gpu)):
-            own = world in row.measured
-            outcome, mib = row.measured[world] if own else row.one_gpu[world]
-            if world > 1 and outcome == "ok" and mib is not None and world in row.op_growth_mib:
-                out.append(Rise(row, world, not own, mib - row.base_mib, row.bucket_mib, row.op_growth_mib[world]))
+        out += [Rise(row, world, shared, mib - row.base_mib, row.bucket_mib, row.op_growth_mib[world])
+                for world, shared, mib in trained_above_one_peaks(row) if world in row.op_growth_mib]  # fmt: skip
     return out
 
 
@@ -596,12 +612,8 @@ def rise_table(found: Sequence[Rise]) -> pd.DataFrame:
         "stack · regime": nowrap(f"{STACK_NAMES[r.scaling.recipe.stack]} · {r.scaling.recipe.regime}"),
         "B per rank": r.scaling.recipe.batch, "backend": r.scaling.recipe.backend,
         "W": nowrap(f"{r.world} ({'m1' if r.one_gpu else 'm'})"),
-        "measured rise": _signed(r.measured_mib), "DDP buckets": f"{r.bucket_mib:,.0f}",
-        "op growth": f"{r.op_mib:,.0f}", "measured − model": _signed(r.residual_mib)} for r in found])  # fmt: skip
-
-
-def _signed(mib: float) -> str:
-    return f"{mib:+,.0f}".replace("-", "\u2212")
+        "measured rise": signed(r.measured_mib, "+,.0f"), "DDP buckets": f"{r.bucket_mib:,.0f}",
+        "op growth": f"{r.op_mib:,.0f}", "measured − model": signed(r.residual_mib, "+,.0f")} for r in found])  # fmt: skip
 
 
 def _lengths(calls: Sequence[Any]) -> list[tuple[int, int]]:
@@ -654,14 +666,12 @@ RISE_TOLERANCE_MIB = 64.0  # two rises this close are the same rise (the step-pe
 def alike_rises(found: Sequence[Rise]) -> list[tuple[Rise, Rise]]:
     """(vanilla, fused) pairs of one recipe and W whose rises lie within :data:`RISE_TOLERANCE_MIB`:
     where the grid vanilla builds and the fused backend never does made no difference to the rise."""
-    vanilla = {(r.scaling.recipe.stack, r.scaling.recipe.regime, r.scaling.recipe.batch, r.world): r
-               for r in found if r.scaling.recipe.backend == "vanilla"}  # fmt: skip
+    vanilla = {r.setting: r for r in found if r.scaling.recipe.backend == "vanilla"}
     out: dict[tuple[str, str, int, int], tuple[Rise, Rise]] = {}
     for r in found:
-        key = (r.scaling.recipe.stack, r.scaling.recipe.regime, r.scaling.recipe.batch, r.world)
-        if (r.scaling.recipe.backend != "vanilla" and key in vanilla and key not in out
-                and abs(vanilla[key].measured_mib - r.measured_mib) <= RISE_TOLERANCE_MIB):  # fmt: skip
-            out[key] = (vanilla[key], r)
+        if (r.scaling.recipe.backend != "vanilla" and r.setting in vanilla and r.setting not in out
+                and abs(vanilla[r.setting].measured_mib - r.measured_mib) <= RISE_TOLERANCE_MIB):  # fmt: skip
+            out[r.setting] = (vanilla[r.setting], r)
     return list(out.values())
 
 
@@ -676,8 +686,7 @@ def rise_words(found: Sequence[Rise]) -> list[str]:
     def names(group: Sequence[Rise]) -> str:
         by: dict[tuple[str, str, int, int], list[str]] = {}
         for r in group:
-            recipe = r.scaling.recipe
-            by.setdefault((recipe.stack, recipe.regime, recipe.batch, r.world), []).append(recipe.backend)
+            by.setdefault(r.setting, []).append(r.scaling.recipe.backend)
         return "; ".join(f"{STACK_NAMES[stack]} · {regime} B = {batch} at W = {world}: {joined(backends)}"
                          for (stack, regime, batch, world), backends in by.items())  # fmt: skip
 
@@ -717,12 +726,10 @@ def model_check(rows: Sequence[Scaling]) -> ModelCheck | None:
     cell trained; None when no such cell has run."""
     gaps, shared = [], []
     for row in rows:
-        for world in sorted(set(row.measured) | set(row.one_gpu)):
-            own = world in row.measured
-            outcome, mib = row.measured[world] if own else row.one_gpu[world]
-            if world > 1 and outcome == "ok" and mib is not None and world in row.predicted_mib:
+        for world, on_one_gpu, mib in trained_above_one_peaks(row):
+            if world in row.predicted_mib:
                 gaps.append((row, world, mib - row.predicted_mib[world]))
-                shared.append(not own)
+                shared.append(on_one_gpu)
     if not gaps:
         return None
     return ModelCheck(tuple(sorted({world for _, world, _ in gaps})), tuple(gaps), all(shared))

@@ -250,7 +250,7 @@ def percent(value: float, spec: str = "+.1f") -> str:
 def signed(value: float, spec: str = "+.2f") -> str:
     """A signed number with a true minus ('−0.50') that never reads '−0.00': a value that rounds to zero is '0'."""
     text = format(value, spec)
-    return "0" if float(text) == 0 else text.replace("-", MINUS)
+    return "0" if float(text.replace(",", "")) == 0 else text.replace("-", MINUS)
 
 
 def cards_in_order(names: object) -> list[str]:
