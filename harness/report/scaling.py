@@ -609,7 +609,7 @@ def rises(rows: Sequence[Scaling]) -> list[Rise]:
 def rise_table(found: Sequence[Rise]) -> pd.DataFrame:
     """:func:`rises` as a table, in MiB: measured, the model's buckets and op growth, and what is left."""
     return pd.DataFrame([{
-        "stack · regime": nowrap(f"{STACK_NAMES[r.scaling.recipe.stack]} · {r.scaling.recipe.regime}"),
+        "stack · regime": f"{nowrap(STACK_NAMES[r.scaling.recipe.stack])} · {nowrap(r.scaling.recipe.regime)}",
         "B per rank": r.scaling.recipe.batch, "backend": r.scaling.recipe.backend,
         "W": nowrap(f"{r.world} ({'m1' if r.one_gpu else 'm'})"),
         "measured rise": signed(r.measured_mib, "+,.0f"), "DDP buckets": f"{r.bucket_mib:,.0f}",
