@@ -246,7 +246,7 @@ def repeat_table(pairs: Sequence[tuple[Any, Any]]) -> pd.DataFrame:
     rows = []
     for first, one, two, gap in timing.repeat_gaps(pairs):
         rows.append({
-            "cell": nowrap(first.cell_id),
+            "cell": first.cell_id,  # as typed: a reader copies it into --match
             "first run, s (p10–p90)": nowrap(median_spread(one.median, one.p10, one.p90)),
             "second run, s (p10–p90)": nowrap(median_spread(two.median, two.p10, two.p90)),
             "medians apart": f"{100 * gap:.1f}%",
