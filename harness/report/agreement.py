@@ -81,7 +81,8 @@ def op_parity_table(frame: pd.DataFrame, library: str) -> pd.DataFrame:
     rows = []
     for (head, backend, dtype, device), group in mine.groupby(["head", "backend", "dtype", "device"], sort=False):
         rows.append({
-            "head": nowrap(str(head)), "backend": nowrap(str(backend)), "dtype": dtype, "device": device,
+            # the head may break at its hyphens ('pairwise-negative-ce'): the widest column
+            "head": str(head), "backend": nowrap(str(backend)), "dtype": dtype, "device": device,
             "scores": nowrap(_error(group["scores_rel"])), "loss": nowrap(_error(group["loss_rel"])),
             "gradients": nowrap(_error(group["grad_rel"])), "worst / bound": nowrap(of_bound(group["of_bound"].max())),
             "within bound": nowrap(f"{int(group['passed'].sum())} / {len(group)}"),

@@ -58,14 +58,10 @@ def sig(value: object, digits: int = 3) -> str:
     return "—" if missing(value) else significant(float(value), digits, whole=True)  # type: ignore[arg-type]
 
 
-WORD_HYPHEN = re.compile(r"(?<=[^\W\d_])-(?=[^\W\d_])")  # a hyphen inside a word: grad-checkpoint
-
-
 def nowrap(label: str) -> str:
-    """A short label that a narrow table column must not break: 'vanilla + chunk 64' or
-    'grad-checkpoint' on one line (no-break spaces, and non-breaking hyphens between letters; a
-    number's minus sign stays as typed)."""
-    return WORD_HYPHEN.sub("\u2011", label.replace(" ", "\u00a0"))
+    """A short label that a narrow table column must not break: 'vanilla + chunk 64', 'grad-checkpoint'
+    or '4.1e-03' on one line (no-break spaces, non-breaking hyphens)."""
+    return label.replace(" ", "\u00a0").replace("-", "\u2011")
 
 
 def span(low: float, high: float, spec: str = ".1f") -> str:
