@@ -72,6 +72,9 @@ def op_parity(results_dir: Path | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}  # in the op table
+
+
 def op_parity_table(frame: pd.DataFrame, library: str) -> pd.DataFrame:
     """Per head, backend and dtype over every case: the largest relative error of the scores, the loss
     and the input gradients, the worst error as a fraction of its bound, and how many cases passed."""
@@ -82,7 +85,7 @@ def op_parity_table(frame: pd.DataFrame, library: str) -> pd.DataFrame:
     for (head, backend, dtype, device), group in mine.groupby(["head", "backend", "dtype", "device"], sort=False):
         rows.append({
             # the head may break at its hyphens ('pairwise-negative-ce'): the widest column
-            "head": str(head), "backend": nowrap(str(backend)), "dtype": dtype, "device": device,
+            "head": str(head), "backend": nowrap(str(backend)), "dtype": SHORT_DTYPES.get(str(dtype), dtype), "device": device,
             "scores": nowrap(_error(group["scores_rel"])), "loss": nowrap(_error(group["loss_rel"])),
             "gradients": nowrap(_error(group["grad_rel"])), "worst / bound": nowrap(of_bound(group["of_bound"].max())),
             "within bound": nowrap(f"{int(group['passed'].sum())} / {len(group)}"),
