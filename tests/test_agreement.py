@@ -20,7 +20,7 @@ def test_the_op_table_is_the_committed_records_worst_errors():
             by_library.setdefault(document["records"][0]["library"], []).extend(document["records"])
     for library, records in by_library.items():
         table = agreement.op_parity_table(frame, library)
-        assert sum(int(cell.split("\u00a0/\u00a0")[1]) for cell in table["within bound"]) == len(records)
+        assert sum(int(cell.split("\u00a0/\u00a0")[1]) for cell in table["passed"]) == len(records)
         scores = max(e["max_rel_error"] for r in records for e in r["errors"] if e["quantity"].startswith("scores"))
         assert nowrap(f"{scores:.1e}" if math.isfinite(scores) else "not finite") in set(table["scores"])
         verdict = agreement.op_verdict(frame, library, agreement.library_backends(library))

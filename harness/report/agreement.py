@@ -88,7 +88,7 @@ def op_parity_table(frame: pd.DataFrame, library: str) -> pd.DataFrame:
             "head": str(head), "backend": nowrap(str(backend)), "dtype": SHORT_DTYPES.get(str(dtype), dtype), "device": device,
             "scores": nowrap(_error(group["scores_rel"])), "loss": nowrap(_error(group["loss_rel"])),
             "gradients": nowrap(_error(group["grad_rel"])), "worst / bound": nowrap(of_bound(group["of_bound"].max())),
-            "within bound": nowrap(f"{int(group['passed'].sum())} / {len(group)}"),
+            "passed": nowrap(f"{int(group['passed'].sum())} / {len(group)}"),
         })  # fmt: skip
     return pd.DataFrame(rows)
 
