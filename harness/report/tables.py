@@ -201,7 +201,7 @@ def step_time_table(cells: pd.DataFrame, noise: timing.RunNoise | None = None) -
             "batch": row["batch_size"], "backend": nowrap(row["backend"]),
             **({"GPU": gpu_short(gpu[i]) if gpu[i] else "not recorded"} if elsewhere else {}),
             "s / step (p10–p90)": nowrap(median_spread(row["steady_step_time_sec"], row["steady_step_p10_sec"],
-                                                       row["steady_step_p90_sec"], "\u2011")),
+                                                       row["steady_step_p90_sec"], "-")),
             "samples / s": sig(row["samples_per_sec"]),
             "speed vs vanilla (95% interval)": speed,
             "steady steps": row["n_steady_steps"],
